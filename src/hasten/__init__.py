@@ -1,0 +1,11 @@
+"""hasten: make PyTorch training fast, and prove it.
+
+    from hasten import Trainer, Algorithm, Callback, Event, Time
+"""
+__version__ = "0.1.0"
+
+from .core import Algorithm, Callback, Engine, Event, Interval, NonFiniteLossError, State, Time, Timestamp, TimeUnit  # noqa: E402
+from .trainer import Trainer  # noqa: E402
+
+__all__ = ["Algorithm", "Callback", "Engine", "Event", "Interval", "NonFiniteLossError", "State", "Time",
+           "Timestamp", "TimeUnit", "Trainer", "__version__"]

@@ -1,0 +1,82 @@
+"""From a validated recipe to a ready Trainer: model, data, optimizer, schedule,
+algorithms, callbacks, loggers and a run folder. Nothing here is task-specific."""
+from __future__ import annotations
+
+import datetime as _dt
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import yaml
+
+from .algorithms import REGISTRY
+from .callbacks import LRMonitor, ProgressBar, SpeedMonitor
+from .config import OptimizerConfig, Recipe, to_dict
+from .loggers import ConsoleLogger, JSONLLogger
+from .optim import LRSchedule, param_groups
+from .tasks import TASKS
+from .tasks.base import Built
+from .trainer import Trainer
+from .utils import resolve_device
+
+
+def build_optimizer(cfg: OptimizerConfig, model: torch.nn.Module, device: torch.device) -> torch.optim.Optimizer:
+    groups = param_groups(model, cfg.weight_decay, cfg.decay_min_dim, tuple(cfg.no_decay))
+    fused = cfg.fused if cfg.fused is not None else device.type in ("cpu", "cuda")
+    if cfg.name == "sgd":
+        return torch.optim.SGD(groups, lr=cfg.lr, momentum=cfg.momentum, nesterov=cfg.nesterov, fused=fused)
+    cls = torch.optim.AdamW if cfg.name == "adamw" else torch.optim.Adam
+    return cls(groups, lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps, fused=fused)
+
+
+def default_run_dir(recipe: Recipe) -> Path:
+    stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    return Path("runs") / f"{recipe.name}-{stamp}"
+
+
+@dataclass
+class Run:
+    recipe: Recipe
+    trainer: Trainer
+    built: Built
+    run_dir: Path
+
+
+def build_run(recipe: Recipe, progress_bar: bool | None = None, console_logger: bool = True) -> Run:
+    t = recipe.trainer
+    if t.threads:
+        torch.set_num_threads(t.threads)
+    torch.manual_seed(t.seed)  # model initialisation is part of the seeded run
+    built = TASKS[recipe.task].build(recipe)
+    device = resolve_device(t.device)
+    run_dir = Path(t.run_dir) if t.run_dir else default_run_dir(recipe)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    with open(run_dir / "recipe.yaml", "w") as f:
+        yaml.safe_dump(to_dict(recipe), f, sort_keys=False)
+
+    loggers = [JSONLLogger(run_dir / "metrics.jsonl")]
+    if console_logger:
+        loggers.append(ConsoleLogger())
+    if t.tensorboard:
+        try:
+            from .loggers import TensorBoardLogger
+            loggers.append(TensorBoardLogger(run_dir / "tensorboard"))
+        except ImportError:
+            pass
+    callbacks = [SpeedMonitor(flops_per_sample=built.flops_per_sample), LRMonitor()]
+    if progress_bar if progress_bar is not None else t.progress_bar:
+        callbacks.insert(0, ProgressBar())
+    algorithms = [REGISTRY[name](**params) for name, params in recipe.algorithms.items()]
+    s = recipe.schedule
+    schedule = LRSchedule(s.name, warmup=s.warmup, warmdown=s.warmdown, min_factor=s.min_factor)
+    trainer = Trainer(
+        model=built.model, train_dataloader=built.train_dataloader, eval_dataloader=built.eval_dataloader,
+        optimizers=lambda model: build_optimizer(recipe.optimizer, model, device), schedulers=[schedule],
+        loss_fn=built.loss_fn, max_duration=t.max_duration, eval_interval=t.eval_interval,
+        log_interval=t.log_interval, metrics=built.metrics, algorithms=algorithms, callbacks=callbacks,
+        loggers=loggers, precision=t.precision, device=device, compile=t.compile, grad_accum=t.grad_accum,
+        grad_clip_norm=t.grad_clip_norm, seed=t.seed, save_folder=str(run_dir / "checkpoints"),
+        save_interval=t.save_interval or t.eval_interval, load_path=t.load_path, autoresume=t.autoresume)
+    trainer.state.callbacks[-1].keep_last = t.keep_last
+    return Run(recipe=recipe, trainer=trainer, built=built, run_dir=run_dir)

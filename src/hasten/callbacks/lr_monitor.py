@@ -1,0 +1,14 @@
+"""LRMonitor: logs the learning rate of every parameter group at log points."""
+from __future__ import annotations
+
+from ..core import Callback
+
+
+class LRMonitor(Callback):
+    def batch_end(self, state, logger):
+        if not state.log_due:
+            return
+        for i, opt in enumerate(state.optimizers):
+            for j, g in enumerate(opt.param_groups):
+                name = g.get("name", f"group{j}")
+                logger.log({f"lr/opt{i}/{name}": g["lr"]})

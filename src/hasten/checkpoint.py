@@ -1,0 +1,194 @@
+"""Checkpoints: atomic save, safe load, autoresume discovery.
+
+A checkpoint holds model, optimizers, schedulers, grad scaler, algorithm and callback
+state, the timestamp and every random number generator. Tensors are saved with
+`torch.save` and read back with `weights_only=True`, so loading never runs code from the
+file; everything else (counters, numpy and Python RNG states, metadata) goes in a JSON
+string inside it.
+
+All file I/O passes through a `CheckpointIO` (one seam): the default writes one file per
+checkpoint; a sharded implementation (torch.distributed.checkpoint) can replace it.
+"""
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+import tempfile
+import warnings
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from . import __version__
+
+FORMAT = 1
+_NAME = re.compile(r"^ep(\d+)-ba(\d+)\.pt$")
+
+
+class CheckpointError(RuntimeError):
+    pass
+
+
+class CheckpointIO:
+    """Writes and reads one checkpoint file. Writes are atomic: temporary file, fsync, rename."""
+
+    def save(self, payload: dict, path: "str | os.PathLike") -> None:
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                torch.save(payload, f)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+            dir_fd = os.open(path.parent, os.O_RDONLY)
+            try:
+                os.fsync(dir_fd)
+            finally:
+                os.close(dir_fd)
+        except BaseException:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+            raise
+
+    def load(self, path: "str | os.PathLike") -> dict:
+        path = Path(path)
+        if not path.is_file():
+            raise FileNotFoundError(f"no checkpoint at {path}")
+        try:
+            payload = torch.load(path, map_location="cpu", weights_only=True)
+        except Exception as e:
+            raise CheckpointError(
+                f"cannot read checkpoint {path}: {type(e).__name__}: {e}. The file is corrupt, "
+                "truncated or not a hasten checkpoint; objects that would need code to be run "
+                "are refused. Load an earlier checkpoint from the same folder.") from e
+        if not isinstance(payload, dict) or payload.get("format") != FORMAT or "meta" not in payload:
+            raise CheckpointError(f"{path} is not a hasten checkpoint (format {FORMAT})")
+        return payload
+
+
+# ---------------------------------------------------------------------------- capture / restore
+def _rng_state() -> tuple[dict, dict]:
+    tensors = {"torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        tensors["cuda"] = torch.cuda.get_rng_state_all()
+    np_state = np.random.get_state()
+    py_state = random.getstate()
+    meta = {"numpy": [np_state[0], np_state[1].tolist(), int(np_state[2]), int(np_state[3]), float(np_state[4])],
+            "python": [py_state[0], list(py_state[1]), py_state[2]]}
+    return tensors, meta
+
+
+def _set_rng_state(tensors: dict, meta: dict) -> None:
+    torch.set_rng_state(tensors["torch"])
+    if "cuda" in tensors and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(tensors["cuda"])
+    n = meta["numpy"]
+    np.random.set_state((n[0], np.array(n[1], dtype=np.uint32), n[2], n[3], n[4]))
+    p = meta["python"]
+    random.setstate((p[0], tuple(p[1]), p[2]))
+
+
+def _keyed(objs) -> dict:
+    """Name objects by class, with a suffix for repeats: {'EMA': ema, 'Checkpoint': cb, ...}."""
+    out, seen = {}, {}
+    for o in objs:
+        base = getattr(o, "name", None) or type(o).__name__
+        if not isinstance(base, str):
+            base = type(o).__name__
+        n = seen.get(base, 0)
+        seen[base] = n + 1
+        out[base if n == 0 else f"{base}.{n}"] = o
+    return out
+
+
+def _check_finite_weights(model: torch.nn.Module) -> None:
+    params = [p.detach() for p in model.parameters() if p.is_floating_point()]
+    if params and not bool(torch.stack([torch.isfinite(p).all() for p in params]).all()):
+        bad = [n for n, p in model.named_parameters() if p.is_floating_point() and not torch.isfinite(p).all()]
+        raise CheckpointError(f"refusing to write a checkpoint: non-finite values in {bad[:5]}")
+
+
+def capture(state, extra_meta: dict | None = None) -> dict:
+    """Everything needed to resume, as a payload for CheckpointIO."""
+    _check_finite_weights(state.model)
+    rng_tensors, rng_meta = _rng_state()
+    meta = {"hasten_version": __version__, "timestamp": state.timestamp.state_dict(),
+            "rng": rng_meta, "last_checkpoint": state.last_checkpoint}
+    if extra_meta:
+        meta.update(extra_meta)
+    return {
+        "format": FORMAT,
+        "model": state.model.state_dict(),
+        "optimizers": [o.state_dict() for o in state.optimizers],
+        "schedulers": [s.state_dict() if hasattr(s, "state_dict") else {} for s in state.schedulers],
+        "scaler": state.scaler.state_dict() if state.scaler is not None else {},
+        "algorithms": {k: a.state_dict() for k, a in _keyed(state.algorithms).items()},
+        "callbacks": {k: c.state_dict() for k, c in _keyed(state.callbacks).items()},
+        "rng": rng_tensors,
+        "meta": json.dumps(meta),
+    }
+
+
+def restore(state, payload: dict, strict: bool = True) -> dict:
+    """Load a payload into the state; returns the metadata."""
+    meta = json.loads(payload["meta"])
+    try:
+        state.model.load_state_dict(payload["model"], strict=strict)
+    except RuntimeError as e:
+        raise CheckpointError(f"the checkpoint's model does not match this model: {e}") from e
+    if len(payload["optimizers"]) != len(state.optimizers):
+        raise CheckpointError(f"the checkpoint has {len(payload['optimizers'])} optimizers, "
+                              f"this trainer {len(state.optimizers)}")
+    for opt, sd in zip(state.optimizers, payload["optimizers"]):
+        opt.load_state_dict(sd)
+    for sch, sd in zip(state.schedulers, payload["schedulers"]):
+        if hasattr(sch, "load_state_dict") and sd:
+            sch.load_state_dict(sd)
+    if state.scaler is not None and payload["scaler"]:
+        state.scaler.load_state_dict(payload["scaler"])
+    for group, objs in (("algorithms", state.algorithms), ("callbacks", state.callbacks)):
+        saved = payload[group]
+        for key, obj in _keyed(objs).items():
+            if key in saved:
+                obj.load_state_dict(saved[key])
+            elif obj.state_dict():
+                warnings.warn(f"checkpoint has no state for {group[:-1]} {key}; it starts fresh")
+    state.timestamp.load_state_dict(meta["timestamp"])
+    state.checked_batch = state.timestamp.batch
+    _set_rng_state(payload["rng"], meta["rng"])
+    return meta
+
+
+# ---------------------------------------------------------------------------- discovery
+def checkpoint_name(state) -> str:
+    return f"ep{state.timestamp.epoch}-ba{state.timestamp.batch}.pt"
+
+
+def list_checkpoints(folder: "str | os.PathLike") -> list[Path]:
+    """Checkpoints in a folder, oldest first (by batch count)."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        return []
+    found = []
+    for p in folder.iterdir():
+        m = _NAME.match(p.name)
+        if m and p.is_file():
+            found.append((int(m.group(2)), p))
+    return [p for _, p in sorted(found)]
+
+
+def find_latest(folder: "str | os.PathLike", io: CheckpointIO | None = None) -> Path | None:
+    """The newest checkpoint in `folder` that loads; unreadable ones are skipped with a warning."""
+    io = io or CheckpointIO()
+    for p in reversed(list_checkpoints(folder)):
+        try:
+            io.load(p)
+            return p
+        except CheckpointError as e:
+            warnings.warn(f"skipping unreadable checkpoint: {e}")
+    return None

@@ -1,0 +1,336 @@
+"""Typed configuration: dataclasses are the single source of truth.
+
+A recipe is a YAML file whose sections load into the dataclasses below (and, for the
+model, data and algorithm sections, into the config class registered under the section's
+`name`). Overrides from the command line are `key.sub=value`, with the value read as YAML.
+Every unknown key or badly typed value is an error that names the key, says what is
+allowed, and suggests the closest match.
+"""
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import inspect
+import types
+import typing
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any, Literal, Optional, Union
+
+import yaml
+
+from .core.time import Time
+
+
+class ConfigError(ValueError):
+    pass
+
+
+def _suggest(key: str, allowed) -> str:
+    close = difflib.get_close_matches(key, list(allowed), n=1, cutoff=0.5)
+    return f" Did you mean {close[0]!r}?" if close else ""
+
+
+# ------------------------------------------------------------------------------ sections
+@dataclass
+class TrainerConfig:
+    max_duration: str = "1ep"
+    eval_interval: str = "1ep"
+    log_interval: str = "50ba"
+    precision: Literal["fp32", "bf16-mixed", "fp16-mixed"] = "fp32"
+    device: str = "auto"
+    compile: bool = False
+    grad_accum: int = 1
+    grad_clip_norm: Optional[float] = None
+    seed: int = 0
+    run_dir: Optional[str] = None       # default: runs/<recipe>-<date-time>
+    save_interval: Optional[str] = None  # default: checkpoints at eval points and at the end
+    keep_last: int = 1
+    autoresume: bool = False
+    load_path: Optional[str] = None
+    progress_bar: bool = True
+    tensorboard: bool = True             # when the tensorboard package is installed
+    threads: Optional[int] = None        # torch.set_num_threads; default: leave as is
+
+
+@dataclass
+class OptimizerConfig:
+    name: Literal["sgd", "adamw", "adam"] = "adamw"
+    lr: float = 1e-3
+    momentum: float = 0.9
+    nesterov: bool = False
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
+    eps: float = 1e-8
+    weight_decay: float = 0.0
+    decay_min_dim: int = 2               # parameters with fewer dimensions get no weight decay
+    no_decay: list[str] = field(default_factory=list)  # name patterns without weight decay
+    fused: Optional[bool] = None         # default: fused when the device supports it
+
+
+@dataclass
+class ScheduleConfig:
+    name: Literal["constant", "linear", "cosine", "wsd"] = "constant"
+    warmup: str = "0ba"
+    warmdown: Optional[str] = None
+    min_factor: float = 0.0
+
+
+@dataclass
+class Recipe:
+    task: str
+    description: str = ""
+    model: dict = field(default_factory=dict)
+    data: dict = field(default_factory=dict)
+    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+    schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    algorithms: dict = field(default_factory=dict)
+    name: str = "recipe"
+
+
+# ------------------------------------------------------------------------------ coercion
+def _type_name(tp) -> str:
+    origin = typing.get_origin(tp)
+    if origin is Literal:
+        return " | ".join(repr(a) for a in typing.get_args(tp))
+    if origin in (Union, types.UnionType):
+        return " or ".join(_type_name(a) for a in typing.get_args(tp))
+    if tp is type(None):
+        return "null"
+    return getattr(tp, "__name__", str(tp))
+
+
+def coerce(value: Any, tp, path: str):
+    """Check and convert `value` to type `tp`; errors name `path`."""
+    origin = typing.get_origin(tp)
+    if tp is Any:
+        return value
+    if origin is Literal:
+        allowed = typing.get_args(tp)
+        if value not in allowed:
+            raise ConfigError(f"{path}: {value!r} is not allowed; choose one of {list(allowed)}."
+                              + (_suggest(str(value), [str(a) for a in allowed]) if isinstance(value, str) else ""))
+        return value
+    if origin in (Union, types.UnionType):
+        args = typing.get_args(tp)
+        if value is None and type(None) in args:
+            return None
+        errors = []
+        for a in args:
+            if a is type(None):
+                continue
+            try:
+                return coerce(value, a, path)
+            except ConfigError as e:
+                errors.append(str(e))
+        raise ConfigError(f"{path}: expected {_type_name(tp)}, got {value!r}")
+    if origin in (list, tuple):
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{path}: expected a list, got {value!r}")
+        (inner, *_) = typing.get_args(tp) or (Any,)
+        return [coerce(v, inner, f"{path}[{i}]") for i, v in enumerate(value)]
+    if origin is dict or tp is dict:
+        if value is None:
+            return {}
+        if not isinstance(value, dict):
+            raise ConfigError(f"{path}: expected a mapping, got {value!r}")
+        return dict(value)
+    if dataclasses.is_dataclass(tp):
+        return from_dict(tp, value, path)
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{path}: expected true or false, got {value!r}")
+        return value
+    if tp is int:
+        if isinstance(value, bool) or not (isinstance(value, int) or (isinstance(value, float) and value.is_integer())):
+            raise ConfigError(f"{path}: expected a whole number, got {value!r}")
+        return int(value)
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"{path}: expected a number, got {value!r}")
+        return float(value)
+    if tp is str:
+        if not isinstance(value, (str, int, float)) or isinstance(value, bool):
+            raise ConfigError(f"{path}: expected a string, got {value!r}")
+        return str(value)
+    return value
+
+
+def _hints(cls) -> dict:
+    return typing.get_type_hints(cls)
+
+
+def from_dict(cls, data: dict | None, path: str = ""):
+    """Build dataclass `cls` from a mapping, checking every key and value."""
+    data = {} if data is None else data
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path or cls.__name__}: expected a mapping, got {data!r}")
+    hints = _hints(cls)
+    names = [f.name for f in dataclasses.fields(cls)]
+    kwargs = {}
+    for key, value in data.items():
+        where = f"{path}.{key}" if path else str(key)
+        if key not in names:
+            raise ConfigError(f"unknown key {where!r}; allowed keys here: {names}.{_suggest(str(key), names)}")
+        kwargs[key] = coerce(value, hints[key], where)
+    missing = [f.name for f in dataclasses.fields(cls)
+               if f.name not in kwargs and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
+    if missing:
+        raise ConfigError(f"{path or cls.__name__}: missing required key(s) {missing}")
+    try:
+        return cls(**kwargs)
+    except (TypeError, ValueError) as e:
+        raise ConfigError(f"{path or cls.__name__}: {e}") from e
+
+
+def signature_config(fn, params: dict, path: str) -> dict:
+    """Check keyword arguments for a callable against its signature and annotations."""
+    sig = inspect.signature(fn)
+    try:
+        hints = typing.get_type_hints(fn)
+    except Exception:
+        hints = {}
+    allowed = [n for n, p in sig.parameters.items() if n != "self" and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    out = {}
+    for key, value in (params or {}).items():
+        where = f"{path}.{key}"
+        if key not in allowed:
+            raise ConfigError(f"unknown key {where!r}; allowed keys here: {allowed}.{_suggest(str(key), allowed)}")
+        out[key] = coerce(value, hints.get(key, Any), where)
+    return out
+
+
+def check_time(value: str, path: str) -> Time:
+    try:
+        return Time.parse(value)
+    except (ValueError, TypeError) as e:
+        raise ConfigError(f"{path}: {e}") from e
+
+
+# ------------------------------------------------------------------------------ overrides
+def parse_override(text: str) -> tuple[list[str], Any]:
+    if "=" not in text:
+        raise ConfigError(f"override {text!r} is not of the form key.sub=value (e.g. trainer.max_duration=100ba)")
+    key, raw = text.split("=", 1)
+    if not key or any(not part for part in key.split(".")):
+        raise ConfigError(f"override {text!r}: bad key {key!r}")
+    try:
+        value = yaml.safe_load(raw) if raw != "" else ""
+    except yaml.YAMLError:
+        value = raw
+    return key.split("."), value
+
+
+def apply_override(raw: dict, keys: list[str], value: Any) -> None:
+    node = raw
+    for i, k in enumerate(keys[:-1]):
+        nxt = node.get(k)
+        if nxt is None:
+            nxt = node[k] = {}
+        if not isinstance(nxt, dict):
+            raise ConfigError(f"override {'.'.join(keys)}: {'.'.join(keys[:i + 1])} is not a section")
+        node = nxt
+    if value is None and keys[0] == "algorithms" and len(keys) == 2:
+        node.pop(keys[-1], None)     # algorithms.NAME=null removes an algorithm
+    else:
+        node[keys[-1]] = value
+
+
+def _deep_merge(base: dict, top: dict) -> dict:
+    out = dict(base)
+    for k, v in top.items():
+        out[k] = _deep_merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+# ------------------------------------------------------------------------------ recipes
+def recipe_dir():
+    return resources.files("hasten").joinpath("recipes")
+
+
+def available_recipes() -> dict[str, str]:
+    """name -> one-line description of every packaged recipe."""
+    out = {}
+    for entry in sorted(recipe_dir().iterdir(), key=lambda e: e.name):
+        if entry.name.endswith(".yaml"):
+            data = yaml.safe_load(entry.read_text()) or {}
+            out[entry.name[:-5]] = str(data.get("description", "")).strip().splitlines()[0] if data.get("description") else ""
+    return out
+
+
+def _read_raw(name_or_path: str, seen: tuple = ()) -> tuple[dict, str]:
+    p = Path(name_or_path)
+    if p.suffix in (".yaml", ".yml") and p.is_file():
+        text, name = p.read_text(), p.stem
+    else:
+        entry = recipe_dir().joinpath(f"{name_or_path}.yaml")
+        if not entry.is_file():
+            names = list(available_recipes())
+            raise ConfigError(f"no recipe named {name_or_path!r} (and no such YAML file); packaged recipes: {names}."
+                              + _suggest(name_or_path, names))
+        text, name = entry.read_text(), name_or_path
+    try:
+        raw = yaml.safe_load(text) or {}
+    except yaml.YAMLError as e:
+        raise ConfigError(f"recipe {name_or_path}: invalid YAML: {e}") from e
+    if not isinstance(raw, dict):
+        raise ConfigError(f"recipe {name_or_path}: the top level must be a mapping")
+    base = raw.pop("base", None)
+    if base:
+        if base in seen:
+            raise ConfigError(f"recipe {name_or_path}: 'base' chain loops through {base}")
+        base_raw, _ = _read_raw(base, seen + (name_or_path,))
+        base_raw.pop("description", None)
+        raw = _deep_merge(base_raw, raw)
+    return raw, name
+
+
+def load_recipe(name_or_path: str, overrides: list[str] = ()) -> Recipe:
+    """Read a packaged recipe (by name) or a YAML file, apply overrides, validate everything."""
+    raw, name = _read_raw(name_or_path)
+    for text in overrides:
+        keys, value = parse_override(text)
+        apply_override(raw, keys, value)
+    raw.setdefault("name", name)
+    return validate(raw)
+
+
+def validate(raw: dict) -> Recipe:
+    from .tasks import TASKS  # the registry of tasks: their model, data and algorithm configs
+    recipe = from_dict(Recipe, raw)
+    if recipe.task not in TASKS:
+        raise ConfigError(f"task: {recipe.task!r} is not a known task; choose one of {sorted(TASKS)}."
+                          + _suggest(recipe.task, TASKS))
+    task = TASKS[recipe.task]
+    recipe.model = task.model_config(recipe.model)
+    recipe.data = from_dict(task.DataConfig, recipe.data, "data")
+    for key in ("max_duration", "eval_interval", "log_interval", "save_interval"):
+        v = getattr(recipe.trainer, key)
+        if v is not None:
+            check_time(v, f"trainer.{key}")
+    check_time(recipe.schedule.warmup, "schedule.warmup")
+    if recipe.schedule.warmdown is not None:
+        check_time(recipe.schedule.warmdown, "schedule.warmdown")
+    from .algorithms import REGISTRY
+    algos = {}
+    for algo_name, params in (recipe.algorithms or {}).items():
+        if algo_name not in REGISTRY:
+            raise ConfigError(f"algorithms.{algo_name}: unknown algorithm; known: {sorted(REGISTRY)}."
+                              + _suggest(algo_name, REGISTRY))
+        algos[algo_name] = signature_config(REGISTRY[algo_name].__init__, params or {}, f"algorithms.{algo_name}")
+    recipe.algorithms = algos
+    return recipe
+
+
+def to_dict(recipe: Recipe) -> dict:
+    """A plain, YAML-able dict of a validated recipe (for run folders and reports)."""
+    def plain(v):
+        if dataclasses.is_dataclass(v):
+            return {f.name: plain(getattr(v, f.name)) for f in dataclasses.fields(v)}
+        if isinstance(v, dict):
+            return {k: plain(x) for k, x in v.items()}
+        if isinstance(v, (list, tuple)):
+            return [plain(x) for x in v]
+        return v
+    return plain(recipe)

@@ -1,0 +1,42 @@
+"""Engine: for each event, let algorithms change the state, then let callbacks observe it.
+
+Algorithms run in the order given, except on "after" events (AFTER_* and *_END), where they
+run in reverse. The dispatch table is built once; an event nobody listens to costs one
+dictionary look-up.
+"""
+from __future__ import annotations
+
+from .callback import Callback, _noop
+from .event import Event
+
+
+class Engine:
+    def __init__(self, state, logger):
+        self.state = state
+        self.logger = logger
+        self.rebuild()
+
+    def rebuild(self) -> None:
+        """Recompute the dispatch table (call after changing state.algorithms or callbacks)."""
+        table = {}
+        for event in Event:
+            algos = [a for a in self.state.algorithms if not a.events or event in a.events]
+            if event.is_after:
+                algos.reverse()
+            cbs = [getattr(cb, event.value) for cb in self.state.callbacks
+                   if getattr(type(cb), event.value, _noop) is not _noop]
+            if algos or cbs:
+                table[event] = (tuple(algos), tuple(cbs))
+        self._table = table
+        self.active = frozenset(table)
+
+    def run(self, event: Event) -> None:
+        entry = self._table.get(event)
+        if entry is None:
+            return
+        state, logger = self.state, self.logger
+        for algo in entry[0]:
+            if algo.match(event, state):
+                algo.apply(event, state, logger)
+        for fn in entry[1]:
+            fn(state, logger)

@@ -1,0 +1,131 @@
+"""State: everything algorithms read and change, in one object."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+
+from .time import Time, Timestamp, TimeUnit
+
+
+@dataclass
+class State:
+    model: torch.nn.Module
+    max_duration: Time
+    device: torch.device
+    precision: str = "fp32"
+    optimizers: list = field(default_factory=list)
+    schedulers: list = field(default_factory=list)
+    loss_fn: Callable | None = None
+    train_dataloader: Any = None
+    eval_dataloader: Any = None
+    algorithms: list = field(default_factory=list)
+    callbacks: list = field(default_factory=list)
+    timestamp: Timestamp = field(default_factory=Timestamp)
+    seed: int = 0
+    grad_accum: int = 1
+    scaler: Any = None            # torch.amp.GradScaler for fp16-mixed
+    forward_model: Any = None     # what the forward pass calls: the model, or its compiled form
+    # per step
+    batch: Any = None             # the whole batch of the step, on the device
+    micro_batch: Any = None       # the micro-batch being processed (== batch when grad_accum == 1)
+    micro_batch_index: int = 0
+    micro_batch_weight: float = 1.0  # share of the step's samples in this micro-batch
+    outputs: Any = None
+    loss: Any = None              # per-sample losses after the loss event, the scalar after reduction
+    loss_count: int = 1           # elements the per-sample loss had before algorithms touched it
+    # eval
+    eval_metrics: dict = field(default_factory=dict)   # last evaluation results, name -> float
+    # training loss, accumulated on the device and read only at log and save points
+    loss_sum: Any = None          # sum of reduced step losses since the last read (a device tensor)
+    loss_steps: int = 0           # how many steps loss_sum holds
+    checked_batch: int = 0        # batches up to here are known to have had finite losses
+    last_checkpoint: str | None = None
+    # control
+    log_due: bool = False         # this batch end is a log point: callbacks may read tensors now
+    at_epoch_end: bool = False
+    steps_per_epoch: int | None = None
+    stop_training: bool = False
+    stop_reason: str | None = None
+    extra: dict = field(default_factory=dict)  # room for algorithms to share data
+
+    # ------------------------------------------------------------------ progress
+    @property
+    def progress(self) -> float:
+        """Fraction of max_duration done, in [0, 1]."""
+        ts, unit, total = self.timestamp, self.max_duration.unit, self.max_duration.value
+        if unit == TimeUnit.EPOCH:
+            done = ts.epoch
+            if self.steps_per_epoch:
+                done += min(ts.batch_in_epoch / self.steps_per_epoch, 1.0)
+        elif unit == TimeUnit.DURATION:
+            raise ValueError("max_duration cannot be given in 'dur'")
+        else:
+            done = ts.get(unit)
+        return min(done / total, 1.0) if total else 1.0
+
+    def fraction_of(self, t: "Time | str") -> float:
+        """Express a typed time as a fraction of max_duration."""
+        t = Time.parse(t)
+        if t.unit == TimeUnit.DURATION:
+            return float(t.value)
+        unit, total = self.max_duration.unit, self.max_duration.value
+        if t.unit == unit:
+            return t.value / total
+        if {t.unit, unit} == {TimeUnit.EPOCH, TimeUnit.BATCH}:
+            if not self.steps_per_epoch:
+                raise ValueError(f"cannot convert {t} into a fraction of {self.max_duration}: "
+                                 "the training dataloader has no length")
+            if t.unit == TimeUnit.EPOCH:
+                return t.value * self.steps_per_epoch / total
+            return t.value / (total * self.steps_per_epoch)
+        raise ValueError(f"cannot convert {t} into a fraction of max_duration={self.max_duration}; "
+                         f"state it in {unit.value} or as a fraction ('0.1dur')")
+
+    def is_done(self) -> bool:
+        ts, unit, total = self.timestamp, self.max_duration.unit, self.max_duration.value
+        if unit == TimeUnit.EPOCH:
+            return ts.epoch >= total
+        return ts.get(unit) >= total
+
+    # ------------------------------------------------------------------ loss checks
+    def read_train_loss(self, reset: bool = True) -> float | None:
+        """Mean training loss since the last reset; raises NonFiniteLossError on NaN/Inf.
+
+        This is the one place the training loss crosses to the host: the trainer calls it
+        at log points, and checkpointing calls it (reset=False) before writing, never every
+        step. A NaN or Inf anywhere in the accumulated steps makes the sum non-finite.
+        """
+        if self.loss_steps == 0 or self.loss_sum is None:
+            return None
+        value = float(self.loss_sum) / self.loss_steps
+        if value != value or value in (float("inf"), float("-inf")):
+            raise NonFiniteLossError(self.checked_batch + 1, self.timestamp.batch, self.last_checkpoint)
+        self.checked_batch = self.timestamp.batch
+        if reset:
+            self.loss_sum.zero_()
+            self.loss_steps = 0
+        return value
+
+    @property
+    def optimizer(self):
+        return self.optimizers[0] if self.optimizers else None
+
+    def lr(self) -> float:
+        return self.optimizers[0].param_groups[0]["lr"] if self.optimizers else float("nan")
+
+
+class NonFiniteLossError(RuntimeError):
+    """The training loss became NaN or Inf."""
+
+    def __init__(self, first_batch: int, last_batch: int, last_checkpoint: str | None):
+        where = (f"at batch {last_batch}" if first_batch >= last_batch
+                 else f"between batches {first_batch} and {last_batch}")
+        ckpt = (f"The last good checkpoint is {last_checkpoint}." if last_checkpoint
+                else "No checkpoint was written before it.")
+        super().__init__(
+            f"the training loss became NaN or Inf {where}. {ckpt} Lower the learning rate, "
+            "enable gradient clipping (grad_clip_norm), or use bf16-mixed instead of fp16-mixed; "
+            "log more often (log_interval) to narrow down the step.")
+        self.first_batch, self.last_batch, self.last_checkpoint = first_batch, last_batch, last_checkpoint

@@ -1,0 +1,165 @@
+"""Typed time: durations and intervals in epochs, batches, samples, tokens,
+fractions of the run, or wall-clock seconds.
+
+    Time.parse("10ep"), Time.parse("500ba"), Time.parse("2e6tok"), Time.parse("64sp"),
+    Time.parse("0.5dur"), Time.parse("90s"), Time.parse("5m"), Time.parse("1h")
+
+`Timestamp` is where training stands, in every unit at once.
+"""
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import asdict, dataclass
+from enum import Enum
+
+
+class TimeUnit(str, Enum):
+    EPOCH = "ep"
+    BATCH = "ba"
+    SAMPLE = "sp"
+    TOKEN = "tok"
+    DURATION = "dur"
+    SECOND = "s"
+
+
+_SUFFIXES = {"ep": TimeUnit.EPOCH, "ba": TimeUnit.BATCH, "sp": TimeUnit.SAMPLE,
+             "tok": TimeUnit.TOKEN, "dur": TimeUnit.DURATION, "s": TimeUnit.SECOND,
+             "m": TimeUnit.SECOND, "h": TimeUnit.SECOND}
+_SCALE = {"m": 60.0, "h": 3600.0}
+_PATTERN = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*(ep|ba|sp|tok|dur|s|m|h)\s*$")
+_INTEGER_UNITS = (TimeUnit.EPOCH, TimeUnit.BATCH, TimeUnit.SAMPLE, TimeUnit.TOKEN)
+
+
+@dataclass(frozen=True)
+class Time:
+    """A non-negative amount of training time in one unit."""
+
+    value: float
+    unit: TimeUnit
+
+    def __post_init__(self):
+        object.__setattr__(self, "unit", TimeUnit(self.unit))
+        if not (isinstance(self.value, (int, float)) and math.isfinite(self.value) and self.value >= 0):
+            raise ValueError(f"Time value must be a finite number >= 0, got {self.value!r}")
+        if self.unit in _INTEGER_UNITS:
+            if float(self.value) != int(self.value):
+                raise ValueError(f"{self.value}{self.unit.value}: {self.unit.name.lower()}s must be a whole number")
+            object.__setattr__(self, "value", int(self.value))
+        if self.unit == TimeUnit.DURATION and self.value > 1:
+            raise ValueError(f"{self.value}dur: a fraction of the run must lie in [0, 1]")
+
+    @classmethod
+    def parse(cls, text: "str | Time") -> "Time":
+        if isinstance(text, Time):
+            return text
+        if not isinstance(text, str):
+            raise TypeError(f"expected a time string such as '10ep' or '500ba', got {text!r}")
+        m = _PATTERN.match(text)
+        if not m:
+            raise ValueError(
+                f"cannot read {text!r} as a time; write a number and a unit: "
+                "ep (epochs), ba (batches), sp (samples), tok (tokens), dur (fraction of the run, 0..1), "
+                "s, m or h (wall-clock), e.g. '10ep', '500ba', '2e6tok', '0.5dur', '90s'")
+        number, suffix = float(m.group(1)), m.group(2)
+        return cls(number * _SCALE.get(suffix, 1.0), _SUFFIXES[suffix])
+
+    def __str__(self) -> str:
+        v = self.value
+        return f"{v:g}{self.unit.value}" if isinstance(v, float) else f"{v}{self.unit.value}"
+
+    def _check(self, other: "Time") -> None:
+        if not isinstance(other, Time):
+            raise TypeError(f"cannot compare Time with {type(other).__name__}")
+        if other.unit != self.unit:
+            raise ValueError(f"cannot compare {self} with {other}: units differ")
+
+    def __lt__(self, other):
+        self._check(other)
+        return self.value < other.value
+
+    def __le__(self, other):
+        self._check(other)
+        return self.value <= other.value
+
+    def __gt__(self, other):
+        self._check(other)
+        return self.value > other.value
+
+    def __ge__(self, other):
+        self._check(other)
+        return self.value >= other.value
+
+    def __add__(self, other: "Time") -> "Time":
+        self._check(other)
+        return Time(self.value + other.value, self.unit)
+
+
+@dataclass
+class Timestamp:
+    """Where training stands. Counts are of completed work."""
+
+    epoch: int = 0
+    batch: int = 0            # optimizer steps taken
+    sample: int = 0
+    token: int = 0
+    batch_in_epoch: int = 0
+    sample_in_epoch: int = 0
+    token_in_epoch: int = 0
+    train_seconds: float = 0.0  # wall-clock spent in training steps (eval excluded)
+
+    def get(self, unit: TimeUnit) -> float:
+        unit = TimeUnit(unit)
+        return {TimeUnit.EPOCH: self.epoch, TimeUnit.BATCH: self.batch, TimeUnit.SAMPLE: self.sample,
+                TimeUnit.TOKEN: self.token, TimeUnit.SECOND: self.train_seconds}[unit]
+
+    def state_dict(self) -> dict:
+        return asdict(self)
+
+    def load_state_dict(self, d: dict) -> None:
+        for k, v in d.items():
+            setattr(self, k, v)
+
+
+class Interval:
+    """Fires every `every` of training time. Used for eval, checkpoint and log intervals.
+
+    `due` is asked at every batch end (and, for epoch intervals, at every epoch end). It
+    remembers the index of the last period it fired in; `start` sets that index from the
+    timestamp at the start of fit, so nothing needs saving: after a resume it counts on
+    from the restored timestamp.
+    """
+
+    def __init__(self, every: "Time | str"):
+        self.every = Time.parse(every)
+        if self.every.value <= 0:
+            raise ValueError(f"an interval must be > 0, got {self.every}")
+        self._last: int | None = None
+
+    def _index(self, ts: Timestamp, progress: float) -> int:
+        unit, n = self.every.unit, self.every.value
+        if unit == TimeUnit.DURATION:
+            return int(math.floor(progress / n + 1e-9))
+        return int(ts.get(unit) // n)
+
+    def start(self, ts: Timestamp, progress: float) -> None:
+        """Count from here: called at the start of fit (also after a resume)."""
+        self._last = self._index(ts, progress)
+
+    def due(self, ts: Timestamp, progress: float, epoch_end: bool = False) -> bool:
+        """True once each time training crosses into a new period of `every`."""
+        if (self.every.unit == TimeUnit.EPOCH) != epoch_end:
+            return False
+        i = self._index(ts, progress)
+        if self._last is None:
+            self._last = 0
+        if i > self._last:
+            self._last = i
+            return True
+        return False
+
+    def reset(self) -> None:
+        self._last = None
+
+    def __repr__(self) -> str:
+        return f"Interval({self.every})"

@@ -1,0 +1,60 @@
+"""Downloads with checksums, and where datasets live on disk.
+
+Datasets are looked for, and downloaded to, `$HASTEN_DATA` (default ~/.cache/hasten/data).
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import tempfile
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+
+class DatasetNotFoundError(FileNotFoundError):
+    pass
+
+
+class ChecksumError(RuntimeError):
+    pass
+
+
+def data_root() -> Path:
+    return Path(os.environ.get("HASTEN_DATA", Path.home() / ".cache" / "hasten" / "data")).expanduser()
+
+
+def file_digest(path: "str | os.PathLike", algorithm: str = "sha256") -> str:
+    h = hashlib.new(algorithm)
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def download(url: str, dest: "str | os.PathLike", checksum: str | None = None, algorithm: str = "md5",
+             what: str = "the file") -> Path:
+    """Fetch `url` to `dest` (atomically), verifying `checksum` with `algorithm`."""
+    dest = Path(dest)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.", suffix=".part")
+    try:
+        try:
+            with urllib.request.urlopen(url, timeout=60) as r, os.fdopen(fd, "wb") as f:
+                shutil.copyfileobj(r, f, 1 << 20)
+        except (urllib.error.URLError, OSError, ValueError) as e:
+            raise DatasetNotFoundError(
+                f"could not download {what} from {url} ({e}). If this machine has no internet, "
+                f"download it elsewhere and put it at {dest}, or point the recipe at a local copy "
+                "(data.path=...).") from e
+        if checksum is not None:
+            got = file_digest(tmp, algorithm)
+            if got != checksum:
+                raise ChecksumError(f"{what} downloaded from {url} has {algorithm} {got}, expected {checksum}: "
+                                    "the download is corrupt or the file changed. It was deleted; try again.")
+        os.replace(tmp, dest)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return dest

@@ -1,0 +1,112 @@
+"""Reproducible, resumable data order.
+
+Randomness in the data pipeline is derived from (seed, epoch, sample index), never from
+the history of a global generator, so that an epoch's batches are the same whatever the
+number of DataLoader workers, and a run resumed from the middle of an epoch sees exactly
+the batches the uninterrupted run saw.
+
+- `ResumableSampler`: a per-epoch permutation from (seed, epoch) that can start part-way.
+- `TransformDataset`: applies a random transform with a generator seeded by
+  (seed, epoch, index): augmentation that survives resume and any worker count.
+- `epoch_iterator`: how the Trainer starts an epoch on any iterable.
+"""
+from __future__ import annotations
+
+from typing import Callable, Iterator
+
+import torch
+from torch.utils.data import DataLoader, Dataset, Sampler
+
+from ..utils import derive_seed
+
+
+class ResumableSampler(Sampler):
+    """Shuffles with a permutation drawn from (seed, epoch); `set_epoch(epoch, skip)` starts
+    the epoch `skip` samples in. With keyed=True it yields (epoch, index) keys for a
+    TransformDataset, so per-sample augmentation knows its epoch inside worker processes."""
+
+    def __init__(self, num_samples: int, shuffle: bool = True, seed: int = 0, keyed: bool = False):
+        self.num_samples, self.shuffle, self.seed, self.keyed = int(num_samples), shuffle, seed, keyed
+        self.epoch, self.skip = 0, 0
+
+    def set_epoch(self, epoch: int, skip: int = 0) -> None:
+        self.epoch, self.skip = int(epoch), int(skip)
+
+    def order(self, epoch: int) -> torch.Tensor:
+        if not self.shuffle:
+            return torch.arange(self.num_samples)
+        g = torch.Generator().manual_seed(derive_seed(self.seed, epoch))
+        return torch.randperm(self.num_samples, generator=g)
+
+    def __iter__(self) -> Iterator:
+        idx = self.order(self.epoch)[self.skip:].tolist()
+        if self.keyed:
+            epoch = self.epoch
+            return iter([(epoch, i) for i in idx])
+        return iter(idx)
+
+    def __len__(self) -> int:
+        return self.num_samples
+
+
+class TransformDataset(Dataset):
+    """`base[i] -> (x, y)`; returns `(transform(x, generator), y)` with a generator seeded by
+    (seed, epoch, i). Indexed by int (epoch 0) or by the (epoch, i) keys of a keyed sampler."""
+
+    def __init__(self, base, transform: Callable | None, seed: int = 0):
+        self.base, self.transform, self.seed = base, transform, seed
+
+    def __len__(self) -> int:
+        return len(self.base)
+
+    def __getitem__(self, key):
+        epoch, i = key if isinstance(key, tuple) else (0, key)
+        x, y = self.base[i]
+        if self.transform is not None:
+            g = torch.Generator().manual_seed(derive_seed(self.seed, epoch, i))
+            x = self.transform(x, g)
+        return x, y
+
+
+def _resumable_sampler(loader) -> ResumableSampler | None:
+    if not isinstance(loader, DataLoader):
+        return None
+    if isinstance(loader.sampler, ResumableSampler) and loader.batch_size is not None:
+        return loader.sampler
+    return None
+
+
+def epoch_iterator(loader, seed: int, epoch: int, skip_batches: int = 0) -> Iterator:
+    """Start epoch `epoch` of `loader`, `skip_batches` batches in.
+
+    - hasten loaders implement `iter_epoch(epoch, skip_batches)` and are used directly;
+    - a DataLoader over a ResumableSampler starts part-way without loading skipped data;
+    - any other iterable is started with the global torch RNG seeded from (seed, epoch)
+      inside `fork_rng` (so a plain RandomSampler shuffles reproducibly and the caller's RNG
+      is untouched), and skipped batches are loaded and dropped.
+    """
+    if hasattr(loader, "iter_epoch"):
+        return iter(loader.iter_epoch(epoch, skip_batches))
+    sampler = _resumable_sampler(loader)
+    if sampler is not None:
+        sampler.set_epoch(epoch, skip_batches * loader.batch_size)
+        skip_batches = 0
+    else:
+        inner = getattr(loader, "sampler", None)
+        if hasattr(inner, "set_epoch"):  # DistributedSampler
+            inner.set_epoch(epoch)
+    return _forked(loader, derive_seed(seed, epoch), skip_batches)
+
+
+def _forked(loader, seed: int, skip: int) -> Iterator:
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        it = iter(loader)
+        first = None
+        try:
+            for _ in range(skip + 1):
+                first = next(it)
+        except StopIteration:
+            return
+    yield first
+    yield from it

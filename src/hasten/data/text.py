@@ -1,0 +1,114 @@
+"""Character- and byte-level text data for language models.
+
+Training batches are random contiguous windows (as in nanoGPT), drawn from a generator
+seeded by (seed, epoch, batch index): reproducible and resumable at any batch. Evaluation
+is a fixed, deterministic pass of non-overlapping windows over the whole validation split,
+so validation losses are comparable between recipes.
+"""
+from __future__ import annotations
+
+from importlib import resources
+from pathlib import Path
+
+import torch
+
+from ..utils import derive_seed
+
+PACKAGED = {"tinyshakespeare": "tinyshakespeare.txt"}
+
+
+def load_text(source: str | None = "tinyshakespeare") -> str:
+    """The packaged Tiny Shakespeare (source='tinyshakespeare' or None) or any UTF-8 text file."""
+    if source is None or source in PACKAGED:
+        name = PACKAGED[source or "tinyshakespeare"]
+        return resources.files("hasten.data").joinpath(name).read_text(encoding="utf-8")
+    path = Path(source).expanduser()
+    if not path.is_file():
+        raise FileNotFoundError(f"text file {path} not found: give the path of a UTF-8 text file, "
+                                f"or one of the packaged corpora {sorted(PACKAGED)}")
+    return path.read_text(encoding="utf-8")
+
+
+class CharTokenizer:
+    """One token per distinct character, in sorted order (65 for Tiny Shakespeare)."""
+
+    def __init__(self, text: str):
+        self.chars = sorted(set(text))
+        self.stoi = {c: i for i, c in enumerate(self.chars)}
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self.chars)
+
+    def encode(self, text: str) -> torch.Tensor:
+        try:
+            return torch.tensor([self.stoi[c] for c in text], dtype=torch.long)
+        except KeyError as e:
+            raise ValueError(f"character {e.args[0]!r} is not in the vocabulary") from None
+
+    def decode(self, ids) -> str:
+        return "".join(self.chars[int(i)] for i in ids)
+
+
+class ByteTokenizer:
+    """UTF-8 bytes: a fixed vocabulary of 256."""
+
+    vocab_size = 256
+
+    def encode(self, text: str) -> torch.Tensor:
+        return torch.frombuffer(bytearray(text.encode("utf-8")), dtype=torch.uint8).long()
+
+    def decode(self, ids) -> str:
+        return bytes(int(i) for i in ids).decode("utf-8", errors="replace")
+
+
+def split_tokens(tokens: torch.Tensor, train_fraction: float = 0.9) -> tuple[torch.Tensor, torch.Tensor]:
+    n = int(len(tokens) * train_fraction)
+    return tokens[:n], tokens[n:]
+
+
+class RandomWindows:
+    """Batches of `batch_size` random windows of `block_size` tokens (inputs) and the same
+    windows shifted by one (targets). An epoch is len(tokens) // (batch_size * block_size)
+    batches: about one pass worth of tokens."""
+
+    def __init__(self, tokens: torch.Tensor, block_size: int, batch_size: int, seed: int = 0):
+        if len(tokens) <= block_size + 1:
+            raise ValueError(f"the text has {len(tokens)} tokens; it needs more than block_size+1={block_size + 1}")
+        self.tokens, self.block_size, self.batch_size, self.seed = tokens.long(), block_size, batch_size, seed
+        self._offsets = torch.arange(block_size + 1)
+
+    def __len__(self) -> int:
+        return max(1, len(self.tokens) // (self.batch_size * self.block_size))
+
+    def batch(self, epoch: int, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        g = torch.Generator().manual_seed(derive_seed(self.seed, epoch, index))
+        starts = torch.randint(len(self.tokens) - self.block_size - 1, (self.batch_size,), generator=g)
+        windows = self.tokens[starts[:, None] + self._offsets]
+        return windows[:, :-1], windows[:, 1:]
+
+    def iter_epoch(self, epoch: int, skip_batches: int = 0):
+        for i in range(skip_batches, len(self)):
+            yield self.batch(epoch, i)
+
+    def __iter__(self):
+        return self.iter_epoch(0)
+
+
+class EvalWindows:
+    """Non-overlapping windows of `block_size` over all of `tokens`, in order, batched."""
+
+    def __init__(self, tokens: torch.Tensor, block_size: int, batch_size: int = 64):
+        n = (len(tokens) - 1) // block_size
+        if n < 1:
+            raise ValueError(f"the validation text has {len(tokens)} tokens, fewer than one window of {block_size}")
+        self.block_size, self.batch_size = block_size, batch_size
+        self.x = tokens[: n * block_size].long().view(n, block_size)
+        self.y = tokens[1: n * block_size + 1].long().view(n, block_size)
+
+    def __len__(self) -> int:
+        return -(-len(self.x) // self.batch_size)
+
+    def __iter__(self):
+        for i in range(0, len(self.x), self.batch_size):
+            yield self.x[i:i + self.batch_size], self.y[i:i + self.batch_size]

@@ -1,0 +1,39 @@
+"""Parameter-group rules: weight decay only on matrices, learning-rate multipliers by name."""
+from __future__ import annotations
+
+import fnmatch
+
+import torch
+
+
+def param_groups(model: torch.nn.Module, weight_decay: float, decay_min_dim: int = 2,
+                 no_decay: tuple[str, ...] = (), lr_multipliers: dict[str, float] | None = None) -> list[dict]:
+    """Split parameters into groups.
+
+    Weight decay applies to parameters with at least `decay_min_dim` dimensions (matrices and
+    convolution kernels) whose names match none of the `no_decay` patterns (fnmatch, e.g.
+    '*.bn*', 'wte.*'); norms' gains and biases get none. `lr_multipliers` maps name patterns
+    to multipliers of the optimizer's lr; the first matching pattern wins.
+    Groups carry a 'name' so monitors can tell them apart.
+    """
+    lr_multipliers = lr_multipliers or {}
+    groups: dict[tuple, dict] = {}
+    for name, p in model.named_parameters():
+        if not p.requires_grad:
+            continue
+        decay = p.dim() >= decay_min_dim and not any(fnmatch.fnmatch(name, pat) for pat in no_decay)
+        mult = next((m for pat, m in lr_multipliers.items() if fnmatch.fnmatch(name, pat)), 1.0)
+        key = (decay, mult)
+        if key not in groups:
+            label = ("decay" if decay else "no_decay") + (f"_lr{mult:g}" if mult != 1.0 else "")
+            groups[key] = {"params": [], "weight_decay": weight_decay if decay else 0.0,
+                           "lr_mult": mult, "name": label}
+        groups[key]["params"].append(p)
+    return list(groups.values())
+
+
+def apply_lr_multipliers(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
+    """Turn each group's 'lr_mult' into its lr (call once, right after building the optimizer)."""
+    for g in optimizer.param_groups:
+        g["lr"] = g["lr"] * g.get("lr_mult", 1.0)
+    return optimizer

@@ -1,0 +1,55 @@
+"""Character- or byte-level language modelling with the GPT of hasten.models.gpt."""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Literal, Optional
+
+from ..config import ConfigError, from_dict
+from ..data.text import ByteTokenizer, CharTokenizer, EvalWindows, RandomWindows, load_text, split_tokens
+from ..models.gpt import GPT, GPTConfig
+from .base import Built
+
+
+@dataclass
+class DataConfig:
+    source: str = "tinyshakespeare"      # a packaged corpus or a path to a text file
+    tokenizer: Literal["char", "byte"] = "char"
+    block_size: int = 64
+    batch_size: int = 12
+    eval_block_size: Optional[int] = None  # default: block_size
+    eval_batch_size: int = 64
+    train_fraction: float = 0.9
+
+
+@dataclass
+class ModelConfig(GPTConfig):
+    name: Literal["gpt"] = "gpt"
+
+
+def model_config(raw: dict) -> ModelConfig:
+    return from_dict(ModelConfig, raw or {}, "model")
+
+
+def build(recipe) -> Built:
+    d: DataConfig = recipe.data
+    text = load_text(d.source)
+    tok = CharTokenizer(text) if d.tokenizer == "char" else ByteTokenizer()
+    train, val = split_tokens(tok.encode(text), d.train_fraction)
+    m: ModelConfig = recipe.model
+    eval_block = d.eval_block_size or d.block_size
+    block = max(d.block_size, eval_block)
+    if m.block_size < block:
+        m = replace(m, block_size=block)
+    if m.vocab_size != tok.vocab_size:
+        m = replace(m, vocab_size=tok.vocab_size)
+    try:
+        cfg = GPTConfig(**{k: v for k, v in vars(m).items() if k != "name"})
+    except ValueError as e:
+        raise ConfigError(f"model: {e}") from e
+    model = GPT(cfg)
+    return Built(
+        model=model,
+        train_dataloader=RandomWindows(train, d.block_size, d.batch_size, seed=recipe.trainer.seed),
+        eval_dataloader=EvalWindows(val, eval_block, d.eval_batch_size),
+        info={"params": model.num_params(), "vocab_size": tok.vocab_size, "train_tokens": len(train),
+              "val_tokens": len(val), "tokenizer": tok})

@@ -1,0 +1,457 @@
+"""The Trainer: the textbook training loop, with named events between its lines.
+
+Read `fit` and `_train_batch` top to bottom: everything a method changes happens in an
+Algorithm at one of the events, and everything that watches happens in a Callback.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import threading
+import time
+import warnings
+from typing import Any, Callable, Iterable, Sequence
+
+import torch
+import torch.nn.functional as F
+
+from .checkpoint import CheckpointIO, capture, checkpoint_name, find_latest, restore
+from .core import Engine, Event, Interval, State, Time, TimeUnit
+from .data.resumable import epoch_iterator
+from .loggers import LogHub
+from .utils import batch_size, inputs_targets, resolve_device, seed_everything, split_batch, to_device
+
+PRECISIONS = ("fp32", "bf16-mixed", "fp16-mixed")
+
+
+def default_loss(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Per-sample (or per-token) cross-entropy: the Trainer does the reduction."""
+    if outputs.dim() > 2:  # (B, T, V) language-model logits
+        return F.cross_entropy(outputs.flatten(0, -2).float(), targets.flatten(), reduction="none")
+    return F.cross_entropy(outputs, targets, reduction="none")
+
+
+def _default_token_count(targets) -> int:
+    if isinstance(targets, torch.Tensor) and targets.dim() >= 2 and not targets.is_floating_point():
+        return targets.numel()
+    return 0
+
+
+class Trainer:
+    """Trains a model. See the README for a tour and docs/trainer.md for every argument.
+
+    optimizers: an optimizer, a list of them, or a factory `f(model) -> optimizer(s)` that is
+        called after the INIT event, so algorithms that replace modules need no remapping.
+        Default: AdamW(lr=1e-3).
+    schedulers: hasten schedules (functions of training progress, see hasten.optim), torch
+        LR schedulers (stepped once per batch), or factories `f(optimizer) -> scheduler`.
+    loss_fn: `loss_fn(outputs, targets)` returning per-sample (or per-token) losses, or a
+        scalar. The Trainer reduces: the mean over all samples of the step, across
+        micro-batches, so grad_accum=k equals one batch k times larger.
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        train_dataloader: Iterable | None = None,
+        optimizers: Any = None,
+        schedulers: Any = None,
+        loss_fn: Callable | None = None,
+        max_duration: "str | Time" = "1ep",
+        eval_dataloader: Iterable | None = None,
+        eval_interval: "str | Time" = "1ep",
+        metrics: dict | None = None,
+        algorithms: Sequence = (),
+        callbacks: Sequence = (),
+        loggers: Sequence = (),
+        precision: str = "fp32",
+        device: "str | torch.device" = "auto",
+        compile: "bool | dict" = False,
+        grad_accum: int = 1,
+        grad_clip_norm: float | None = None,
+        seed: int = 0,
+        save_folder: str | None = None,
+        save_interval: "str | Time | None" = None,
+        load_path: str | None = None,
+        autoresume: bool = False,
+        log_interval: "str | Time" = "50ba",
+        batch_fn: Callable = inputs_targets,
+        count_tokens: Callable = _default_token_count,
+        checkpoint_io: CheckpointIO | None = None,
+    ):
+        if precision not in PRECISIONS:
+            raise ValueError(f"precision={precision!r}: use one of {PRECISIONS}")
+        if not isinstance(grad_accum, int) or grad_accum < 1:
+            raise ValueError(f"grad_accum must be a whole number >= 1, got {grad_accum!r}")
+        if autoresume and not save_folder:
+            raise ValueError("autoresume=True needs save_folder: that is where it looks for checkpoints")
+        seed_everything(seed)
+        self.device = resolve_device(device)
+        model = model.to(self.device)
+        self.batch_fn, self.count_tokens, self.grad_clip_norm = batch_fn, count_tokens, grad_clip_norm
+        self.checkpoint_io = checkpoint_io or CheckpointIO()
+        self.metrics = dict(metrics or {})
+        self.eval_dataloader = eval_dataloader
+        callbacks = list(callbacks)
+        if save_folder is not None:
+            from .callbacks.checkpoint import Checkpoint
+            existing = [c for c in callbacks if isinstance(c, Checkpoint)]
+            if existing:
+                raise ValueError("give either save_folder/save_interval or a Checkpoint callback, not both")
+            callbacks.append(Checkpoint(save_folder, interval=save_interval or "1ep", io=self.checkpoint_io))
+        self.save_folder = save_folder
+
+        self.state = State(
+            model=model, max_duration=Time.parse(max_duration), device=self.device, precision=precision,
+            loss_fn=loss_fn or default_loss, train_dataloader=train_dataloader,
+            eval_dataloader=eval_dataloader, algorithms=list(algorithms), callbacks=callbacks,
+            seed=seed, grad_accum=grad_accum)
+        if self.state.max_duration.unit == TimeUnit.DURATION:
+            raise ValueError("max_duration cannot be a fraction ('dur'); use ep, ba, sp, tok or s/m/h")
+        self.state.loss_sum = torch.zeros((), device=self.device)
+        self.logger = LogHub(loggers)
+        self.engine = Engine(self.state, self.logger)
+        self.eval_interval = Interval(eval_interval)
+        self.log_interval = Interval(log_interval)
+
+        # INIT: model surgery happens here; then optimizers and schedulers are built.
+        self.engine.run(Event.INIT)
+        self.state.optimizers = self._build_optimizers(optimizers)
+        self.state.schedulers = self._build_schedulers(schedulers)
+        if precision == "fp16-mixed":
+            self.state.scaler = torch.amp.GradScaler(self.device.type)
+        self._autocast_dtype = {"bf16-mixed": torch.bfloat16, "fp16-mixed": torch.float16}.get(precision)
+        self.state.forward_model = self._compile(model, compile)
+
+        self._sigterm = threading.Event()
+        resume_from = None
+        if autoresume:
+            resume_from = find_latest(save_folder, self.checkpoint_io)
+        if resume_from is None and load_path:
+            resume_from = load_path
+        if resume_from is not None:
+            self.load_checkpoint(resume_from)
+
+    # ------------------------------------------------------------------ set-up helpers
+    def _build_optimizers(self, optimizers) -> list:
+        model = self.state.model
+        if optimizers is None:
+            optimizers = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        elif callable(optimizers) and not isinstance(optimizers, torch.optim.Optimizer):
+            optimizers = optimizers(model)
+        opts = list(optimizers) if isinstance(optimizers, (list, tuple)) else [optimizers]
+        owned = {id(p) for p in model.parameters()}
+        for opt in opts:
+            for g in opt.param_groups:
+                for p in g["params"]:
+                    if id(p) not in owned:
+                        raise ValueError(
+                            "an optimizer holds a parameter that is not in the model (was the model "
+                            "changed after the optimizer was built?). Pass a factory, "
+                            "optimizers=lambda model: torch.optim.SGD(model.parameters(), ...), "
+                            "so it is built after model surgery.")
+        return opts
+
+    def _build_schedulers(self, schedulers) -> list:
+        if schedulers is None:
+            return []
+        items = list(schedulers) if isinstance(schedulers, (list, tuple)) else [schedulers]
+        out = []
+        for s in items:
+            if callable(s) and not hasattr(s, "step") and not hasattr(s, "apply"):
+                s = s(self.state.optimizers[0])
+            out.append(s)
+        return out
+
+    def _compile(self, model, compile):
+        if not compile:
+            return model
+        kwargs = compile if isinstance(compile, dict) else {}
+        return torch.compile(model, **kwargs)
+
+    def _autocast(self):
+        if self._autocast_dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=self._autocast_dtype)
+
+    # ------------------------------------------------------------------ checkpoints
+    def save_checkpoint(self, path) -> str:
+        """Write a checkpoint of the current state (atomically)."""
+        self.state.read_train_loss(reset=False)  # never save after a non-finite loss
+        self.checkpoint_io.save(capture(self.state), path)
+        self.state.last_checkpoint = str(path)
+        return str(path)
+
+    def load_checkpoint(self, path) -> dict:
+        meta = restore(self.state, self.checkpoint_io.load(path))
+        self.state.last_checkpoint = str(path)
+        return meta
+
+    # ------------------------------------------------------------------ fit
+    def fit(self) -> State:
+        state, run = self.state, self.engine.run
+        if state.train_dataloader is None:
+            raise ValueError("fit() needs a train_dataloader")
+        loader = state.train_dataloader
+        step = self._forward_backward
+        for algo in state.algorithms:
+            step = algo.wrap_step(step)
+        self._step = step
+        state.steps_per_epoch = len(loader) if hasattr(loader, "__len__") else None
+        for interval in (self.eval_interval, self.log_interval):
+            interval.start(state.timestamp, state.progress)
+        state.model.train()
+        old_handler = self._install_sigterm()
+        try:
+            run(Event.FIT_START)
+            while not state.is_done() and not state.stop_training:
+                ts = state.timestamp
+                mid_epoch = ts.batch_in_epoch > 0
+                if not mid_epoch:
+                    run(Event.EPOCH_START)
+                state.steps_per_epoch = len(loader) if hasattr(loader, "__len__") else None
+                batches = epoch_iterator(loader, state.seed, ts.epoch, ts.batch_in_epoch)
+                finished_epoch = self._run_epoch(batches)
+                if finished_epoch:
+                    self._end_epoch()
+            self._finish()
+        finally:
+            self._restore_sigterm(old_handler)
+        return state
+
+    def _run_epoch(self, batches) -> bool:
+        """Train until the data runs out (True) or training must stop (False)."""
+        state, run = self.state, self.engine.run
+        while True:
+            run(Event.BEFORE_DATALOADER)
+            t0 = time.perf_counter()
+            try:
+                batch = next(batches)
+            except StopIteration:
+                return True
+            state.batch = to_device(batch, self.device)
+            run(Event.AFTER_DATALOADER)
+            self._train_batch(t0)
+            if self._after_batch():
+                return False
+
+    def _train_batch(self, t0: float) -> None:
+        state, run = self.state, self.engine.run
+        for sched in state.schedulers:
+            if hasattr(sched, "apply"):
+                sched.apply(state)
+        run(Event.BATCH_START)
+        n_samples = batch_size(state.batch)
+        n_tokens = self.count_tokens(self.batch_fn(state.batch)[1])
+        self._step(state)
+        run(Event.BEFORE_OPTIM_STEP)
+        scaler = state.scaler
+        if self.grad_clip_norm is not None:
+            if scaler is not None:
+                for opt in state.optimizers:
+                    scaler.unscale_(opt)
+            torch.nn.utils.clip_grad_norm_(state.model.parameters(), self.grad_clip_norm)
+        for opt in state.optimizers:
+            if scaler is not None:
+                scaler.step(opt)
+            else:
+                opt.step()
+        if scaler is not None:
+            scaler.update()
+        run(Event.AFTER_OPTIM_STEP)
+        for opt in state.optimizers:
+            opt.zero_grad(set_to_none=True)
+        for sched in state.schedulers:
+            if not hasattr(sched, "apply"):
+                sched.step()
+        ts = state.timestamp
+        ts.batch += 1
+        ts.batch_in_epoch += 1
+        ts.sample += n_samples
+        ts.sample_in_epoch += n_samples
+        ts.token += n_tokens
+        ts.token_in_epoch += n_tokens
+        ts.train_seconds += time.perf_counter() - t0
+
+    def _forward_backward(self, state: State) -> None:
+        """Forward and backward of every micro-batch of the step (the default step)."""
+        run = self.engine.run
+        batch = state.batch
+        micro_batches = split_batch(batch, state.grad_accum) if state.grad_accum > 1 else (batch,)
+        total = batch_size(batch) if state.grad_accum > 1 else 0
+        for i, micro in enumerate(micro_batches):
+            state.micro_batch, state.micro_batch_index = micro, i
+            state.micro_batch_weight = batch_size(micro) / total if total else 1.0
+            run(Event.BEFORE_FORWARD)
+            inputs, targets = self.batch_fn(state.micro_batch)
+            with self._autocast():
+                state.outputs = (state.forward_model(**inputs) if isinstance(inputs, dict)
+                                 else state.forward_model(inputs))
+            run(Event.AFTER_FORWARD)
+            run(Event.BEFORE_LOSS)
+            with self._autocast():
+                state.loss = state.loss_fn(state.outputs, targets)
+            state.loss_count = state.loss.numel()
+            run(Event.AFTER_LOSS)
+            state.loss = self.reduce_loss(state.loss)
+            state.loss_sum.add_(state.loss.detach())
+            run(Event.BEFORE_BACKWARD)
+            loss = state.loss if state.scaler is None else state.scaler.scale(state.loss)
+            loss.backward()
+            run(Event.AFTER_BACKWARD)
+        state.loss_steps += 1
+
+    def reduce_loss(self, loss: torch.Tensor) -> torch.Tensor:
+        """Mean over the samples of the whole step: sum / count, weighted by micro-batch share.
+
+        `loss_count` is the number of elements before algorithms changed them: an algorithm
+        that zeroes or drops samples keeps them in the denominator; one that reweights
+        (InfoBatch) scales them.
+        """
+        state = self.state
+        if loss.dim() == 0:
+            return loss * state.micro_batch_weight if state.micro_batch_weight != 1.0 else loss
+        if state.micro_batch_weight == 1.0 and loss.numel() == state.loss_count:
+            return loss.mean()
+        return loss.sum() * (state.micro_batch_weight / state.loss_count)
+
+    def _after_batch(self) -> bool:
+        """Batch end: log, evaluate, checkpoint. True when training must stop now."""
+        state, run = self.state, self.engine.run
+        ts, progress = state.timestamp, state.progress
+        state.log_due = self.log_interval.due(ts, progress)
+        run(Event.BATCH_END)
+        if state.log_due:
+            self._log_train()
+        if self.eval_interval.due(ts, progress) and self._has_eval():
+            self._evaluate_during_fit()
+        run(Event.CHECKPOINT)
+        state.log_due = False
+        if self._sigterm.is_set():
+            self._save_on_sigterm()
+            return True
+        return state.is_done() or state.stop_training
+
+    def _end_epoch(self) -> None:
+        state, run = self.state, self.engine.run
+        ts = state.timestamp
+        ts.epoch += 1
+        ts.batch_in_epoch = ts.sample_in_epoch = ts.token_in_epoch = 0
+        state.at_epoch_end = True
+        run(Event.EPOCH_END)
+        if self.eval_interval.due(ts, state.progress, epoch_end=True) and self._has_eval():
+            self._evaluate_during_fit()
+        run(Event.CHECKPOINT)
+        state.at_epoch_end = False
+
+    def _finish(self) -> None:
+        state = self.state
+        self._log_train()
+        if self._has_eval() and state.extra.get("_evaluated_at") != state.timestamp.batch and not self._sigterm.is_set():
+            self._evaluate_during_fit()
+        state.extra["final"] = True
+        self.engine.run(Event.FIT_END)
+        self.logger.flush(state.timestamp.batch)
+
+    def _log_train(self) -> None:
+        state = self.state
+        loss = state.read_train_loss()
+        if loss is not None:
+            self.logger.log({"train/loss": loss, "train/lr": state.lr(), "train/epoch": state.timestamp.epoch,
+                             "time/train_seconds": state.timestamp.train_seconds})
+        self.logger.flush(state.timestamp.batch)
+
+    def _has_eval(self) -> bool:
+        return self.eval_dataloader is not None
+
+    def _evaluate_during_fit(self) -> None:
+        self.evaluate()
+        self.state.extra["_evaluated_at"] = self.state.timestamp.batch
+
+    # ------------------------------------------------------------------ sigterm
+    def _install_sigterm(self):
+        if threading.current_thread() is not threading.main_thread():
+            return None
+        self._sigterm.clear()
+        return signal.signal(signal.SIGTERM, lambda signum, frame: self._sigterm.set())
+
+    def _restore_sigterm(self, old) -> None:
+        if old is not None:
+            signal.signal(signal.SIGTERM, old)
+
+    def _save_on_sigterm(self) -> None:
+        state = self.state
+        state.stop_training, state.stop_reason = True, "sigterm"
+        if self.save_folder is None:
+            warnings.warn("SIGTERM received: training stopped; no save_folder, so no checkpoint was written")
+            return
+        path = self.save_checkpoint(os.path.join(self.save_folder, checkpoint_name(state)))
+        print(f"SIGTERM received: checkpoint written to {path}; resume with autoresume=True", flush=True)
+
+    # ------------------------------------------------------------------ evaluate / predict
+    @torch.inference_mode()
+    def evaluate(self, dataloader: Iterable | None = None, prefix: str = "val") -> dict[str, float]:
+        """Mean loss over all samples (or tokens) and the metrics, under inference mode."""
+        state, run = self.state, self.engine.run
+        dataloader = dataloader if dataloader is not None else self.eval_dataloader
+        if dataloader is None:
+            raise ValueError("evaluate() needs a dataloader (or eval_dataloader= on the Trainer)")
+        was_training = state.model.training
+        state.model.eval()
+        metrics = {k: m.to(self.device) for k, m in self.metrics.items()}
+        for m in metrics.values():
+            m.reset()
+        run(Event.EVAL_START)
+        loss_sum = torch.zeros((), device=self.device, dtype=torch.float64)
+        count = 0
+        for batch in dataloader:
+            state.batch = to_device(batch, self.device)
+            run(Event.EVAL_BATCH_START)
+            inputs, targets = self.batch_fn(state.batch)
+            with self._autocast():
+                outputs = state.forward_model(**inputs) if isinstance(inputs, dict) else state.forward_model(inputs)
+                state.outputs = outputs
+                if targets is not None:
+                    loss = state.loss_fn(outputs, targets)
+                    loss_sum += loss.double().sum()
+                    count += loss.numel()
+            if targets is not None:
+                for m in metrics.values():
+                    m.update(outputs.float() if outputs.is_floating_point() else outputs, targets)
+            run(Event.EVAL_BATCH_END)
+        results = {}
+        if count:
+            results[f"{prefix}/loss"] = float(loss_sum) / count
+        for name, m in metrics.items():
+            results[f"{prefix}/{name}"] = float(m.compute())
+        state.eval_metrics = results
+        self.logger.log(results)
+        run(Event.EVAL_END)
+        self.logger.flush(state.timestamp.batch)
+        if was_training:
+            state.model.train()
+        return results
+
+    @torch.inference_mode()
+    def predict(self, dataloader: Iterable) -> list:
+        """Model outputs for every batch (on the CPU), in order."""
+        state, run = self.state, self.engine.run
+        was_training = state.model.training
+        state.model.eval()
+        run(Event.PREDICT_START)
+        outs = []
+        for batch in dataloader:
+            state.batch = to_device(batch, self.device)
+            inputs, _ = self.batch_fn(state.batch) if isinstance(batch, (list, tuple, dict)) else (state.batch, None)
+            with self._autocast():
+                state.outputs = state.forward_model(**inputs) if isinstance(inputs, dict) else state.forward_model(inputs)
+            run(Event.PREDICT_BATCH_END)
+            outs.append(state.outputs.detach().cpu() if isinstance(state.outputs, torch.Tensor) else state.outputs)
+        run(Event.PREDICT_END)
+        if was_training:
+            state.model.train()
+        return outs
+
+    def close(self) -> None:
+        self.logger.close()

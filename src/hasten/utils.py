@@ -1,0 +1,83 @@
+"""Small helpers shared by the trainer and the data code: seeding, devices, batches."""
+from __future__ import annotations
+
+import hashlib
+import random
+
+import numpy as np
+import torch
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def derive_seed(*parts: int) -> int:
+    """A 63-bit seed from integers (seed, epoch, index, ...), stable across processes."""
+    h = hashlib.blake2b(repr(tuple(int(p) for p in parts)).encode(), digest_size=8).digest()
+    return int.from_bytes(h, "little") >> 1
+
+
+def resolve_device(device: "str | torch.device") -> torch.device:
+    if isinstance(device, torch.device):
+        return device
+    if device == "auto":
+        if torch.cuda.is_available():
+            return torch.device("cuda")
+        if getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
+            return torch.device("mps")
+        return torch.device("cpu")
+    try:
+        return torch.device(device)
+    except RuntimeError as e:
+        raise ValueError(f"unknown device {device!r}: use 'auto', 'cpu', 'cuda', 'cuda:N' or 'mps'") from e
+
+
+def to_device(batch, device: torch.device):
+    """Move every tensor in a (nested) batch to `device`."""
+    if isinstance(batch, torch.Tensor):
+        return batch if batch.device == device else batch.to(device, non_blocking=True)
+    if isinstance(batch, (list, tuple)):
+        moved = [to_device(b, device) for b in batch]
+        return type(batch)(moved) if isinstance(batch, list) else tuple(moved)
+    if isinstance(batch, dict):
+        return {k: to_device(v, device) for k, v in batch.items()}
+    return batch
+
+
+def split_batch(batch, n: int) -> list:
+    """Split a (nested) batch into n micro-batches along dim 0."""
+    if isinstance(batch, torch.Tensor):
+        return list(torch.tensor_split(batch, n))
+    if isinstance(batch, (list, tuple)):
+        parts = [split_batch(b, n) for b in batch]
+        return [tuple(p[i] for p in parts) for i in range(n)]
+    if isinstance(batch, dict):
+        parts = {k: split_batch(v, n) for k, v in batch.items()}
+        return [{k: v[i] for k, v in parts.items()} for i in range(n)]
+    return [batch] * n
+
+
+def batch_size(batch) -> int:
+    if isinstance(batch, torch.Tensor):
+        return batch.shape[0]
+    if isinstance(batch, (list, tuple)):
+        return batch_size(batch[0])
+    if isinstance(batch, dict):
+        return batch_size(next(iter(batch.values())))
+    raise TypeError(f"cannot tell the batch size of a {type(batch).__name__}")
+
+
+def inputs_targets(batch):
+    """The default batch contract: (inputs, targets), or a dict with 'input' and 'target'."""
+    if isinstance(batch, (list, tuple)):
+        return batch[0], (batch[1] if len(batch) > 1 else None)
+    if isinstance(batch, dict):
+        try:
+            return batch["input"], batch.get("target")
+        except KeyError:
+            raise KeyError("a dict batch needs an 'input' key (and a 'target' key for training); "
+                           f"got keys {sorted(batch)}. Pass batch_fn= to the Trainer for other layouts.") from None
+    return batch, None
