@@ -234,7 +234,10 @@ class Trainer:
             run(Event.AFTER_DATALOADER)
             self._train_batch(t0)
             if self._after_batch():
-                return False
+                # the epoch is complete when its last batch was the stopping point
+                spe = state.steps_per_epoch
+                return (not self._sigterm.is_set() and spe is not None
+                        and state.timestamp.batch_in_epoch >= spe)
 
     def _train_batch(self, t0: float) -> None:
         state, run = self.state, self.engine.run

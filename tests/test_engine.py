@@ -1,0 +1,86 @@
+"""Event order, algorithm/callback order, micro-batch events, and the cost of idle events."""
+import torch
+
+from hasten import Algorithm, Callback, Event, Trainer
+from hasten.core import Engine, State, Time
+
+from tiny import loader, mlp
+
+
+class Recorder(Callback):
+    def __init__(self, log):
+        self.log = log
+
+
+for _e in Event:
+    setattr(Recorder, _e.value, (lambda ev: lambda self, state, logger: self.log.append(("cb", ev)))(_e))
+
+
+class Tagged(Algorithm):
+    events = tuple(Event)
+
+    def __init__(self, tag, log):
+        self.tag, self.log = tag, log
+
+    def apply(self, event, state, logger):
+        self.log.append((self.tag, event))
+
+
+def test_fit_fires_events_in_documented_order():
+    log = []
+    tr = Trainer(mlp(), loader(n=16, batch_size=8), max_duration="2ba", eval_dataloader=loader(n=8, batch_size=8),
+                 eval_interval="1ep", callbacks=[Recorder(log)], device="cpu", grad_accum=2)
+    tr.fit()
+    events = [e for who, e in log if who == "cb"]
+    micro = [Event.BEFORE_FORWARD, Event.AFTER_FORWARD, Event.BEFORE_LOSS, Event.AFTER_LOSS,
+             Event.BEFORE_BACKWARD, Event.AFTER_BACKWARD]
+    one_batch = ([Event.BEFORE_DATALOADER, Event.AFTER_DATALOADER, Event.BATCH_START] + micro * 2
+                 + [Event.BEFORE_OPTIM_STEP, Event.AFTER_OPTIM_STEP, Event.BATCH_END, Event.CHECKPOINT])
+    evaluation = [Event.EVAL_START, Event.EVAL_BATCH_START, Event.EVAL_BATCH_END, Event.EVAL_END]
+    expected = ([Event.INIT, Event.FIT_START, Event.EPOCH_START] + one_batch * 2
+                + [Event.EPOCH_END] + evaluation + [Event.CHECKPOINT, Event.FIT_END])
+    assert events == expected
+
+
+def test_algorithms_before_callbacks_and_reversed_on_after_events():
+    log = []
+    state = State(model=mlp(), max_duration=Time.parse("1ba"), device=torch.device("cpu"),
+                  algorithms=[Tagged("a1", log), Tagged("a2", log)], callbacks=[Recorder(log)])
+    engine = Engine(state, logger=None)
+    for ev in (Event.BEFORE_FORWARD, Event.AFTER_FORWARD, Event.BATCH_END, Event.EVAL_END, Event.INIT):
+        log.clear()
+        engine.run(ev)
+        tags = [who for who, _ in log]
+        if ev.is_after:
+            assert tags == ["a2", "a1", "cb"], ev
+        else:
+            assert tags == ["a1", "a2", "cb"], ev
+
+
+def test_after_events_are_the_after_and_end_ones():
+    after = {e for e in Event if e.is_after}
+    assert Event.AFTER_LOSS in after and Event.BATCH_END in after and Event.FIT_END in after
+    assert Event.BEFORE_LOSS not in after and Event.BATCH_START not in after and Event.CHECKPOINT not in after
+
+
+def test_match_filters_and_idle_events_are_absent_from_the_table():
+    class OnlyLoss(Algorithm):
+        events = (Event.AFTER_LOSS,)
+        calls = 0
+
+        def apply(self, event, state, logger):
+            OnlyLoss.calls += 1
+
+    state = State(model=mlp(), max_duration=Time.parse("1ba"), device=torch.device("cpu"),
+                  algorithms=[OnlyLoss()])
+    engine = Engine(state, logger=None)
+    assert engine.active == {Event.AFTER_LOSS}
+    engine.run(Event.BATCH_END)
+    assert OnlyLoss.calls == 0
+    engine.run(Event.AFTER_LOSS)
+    assert OnlyLoss.calls == 1
+
+
+def test_callback_without_overrides_listens_to_nothing():
+    state = State(model=mlp(), max_duration=Time.parse("1ba"), device=torch.device("cpu"), callbacks=[Callback()])
+    assert Engine(state, logger=None).active == frozenset()

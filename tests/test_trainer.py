@@ -1,0 +1,263 @@
+"""The training loop's contracts: reduction, accumulation, seams, evaluation, precision, errors."""
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+import torchmetrics
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from hasten import Algorithm, Event, NonFiniteLossError, Trainer
+from hasten.callbacks import ProgressBar, SpeedMonitor, LRMonitor
+from hasten.loggers import JSONLLogger
+from hasten.optim import LRSchedule
+
+from tiny import classification_data, loader, mlp
+
+
+def _sgd(model):
+    return torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+
+
+def _train(grad_accum, batch_size=16, steps=4, seed=0, **kw):
+    torch.manual_seed(seed)
+    model = mlp()
+    tr = Trainer(model, loader(n=64, batch_size=batch_size), optimizers=_sgd, max_duration=f"{steps}ba",
+                 device="cpu", grad_accum=grad_accum, seed=seed, **kw)
+    tr.fit()
+    return model
+
+
+@pytest.mark.parametrize("k", [2, 3, 4])
+def test_grad_accumulation_equals_one_big_batch(k):
+    # no batch norm: accumulation over k micro-batches (3 splits 16 unevenly: 6, 5, 5) must
+    # equal one batch of 16 up to float32 summation order
+    ref, acc = _train(1), _train(k)
+    for a, b in zip(ref.parameters(), acc.parameters()):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_plain_loop_equivalence():
+    """The Trainer's step equals the textbook loop on the same data and initialisation."""
+    torch.manual_seed(0)
+    model = mlp()
+    ref = mlp()
+    ref.load_state_dict(model.state_dict())
+    x, y = classification_data(64)
+    opt = torch.optim.SGD(ref.parameters(), lr=0.1, momentum=0.9)
+    for i in range(4):
+        loss = F.cross_entropy(ref(x[i * 16:(i + 1) * 16]), y[i * 16:(i + 1) * 16])
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+    Trainer(model, loader(n=64, batch_size=16), optimizers=_sgd, max_duration="4ba", device="cpu").fit()
+    for a, b in zip(ref.parameters(), model.parameters()):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+class DropOddSamples(Algorithm):
+    """Zero the loss of odd-indexed samples: they stay in the denominator."""
+    events = (Event.AFTER_LOSS,)
+
+    def apply(self, event, state, logger):
+        w = torch.ones_like(state.loss)
+        w[1::2] = 0
+        state.loss = state.loss * w
+
+
+def test_after_loss_reweighting_reaches_the_gradient():
+    torch.manual_seed(0)
+    model = mlp()
+    ref = mlp()
+    ref.load_state_dict(model.state_dict())
+    x, y = classification_data(16)
+    per = F.cross_entropy(ref(x), y, reduction="none")
+    per[1::2] = per[1::2] * 0
+    per.mean().backward()   # same denominator (16), odd samples contribute nothing
+    with torch.no_grad():
+        for p in ref.parameters():
+            p -= 0.1 * p.grad
+    Trainer(model, loader(n=16, batch_size=16), optimizers=lambda m: torch.optim.SGD(m.parameters(), lr=0.1),
+            max_duration="1ba", device="cpu", algorithms=[DropOddSamples()], grad_accum=2).fit()
+    for a, b in zip(ref.parameters(), model.parameters()):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)
+
+
+def test_step_seam_wraps_the_forward_backward():
+    calls = []
+
+    class TwoPass(Algorithm):
+        def apply(self, event, state, logger):
+            pass
+
+        def wrap_step(self, step):
+            def wrapped(state):
+                calls.append("first")
+                step(state)       # e.g. SAM: first pass, perturb, second pass
+                calls.append("second")
+                step(state)
+            return wrapped
+
+    tr = Trainer(mlp(), loader(n=16, batch_size=8), max_duration="2ba", device="cpu", algorithms=[TwoPass()])
+    tr.fit()
+    assert calls == ["first", "second"] * 2
+
+
+def test_optimizers_built_after_model_surgery():
+    class Widen(Algorithm):
+        events = (Event.INIT,)
+
+        def apply(self, event, state, logger):
+            state.model[2] = nn.Linear(16, 4)   # replace a module before optimizers exist
+
+    model = mlp()
+    tr = Trainer(model, loader(), optimizers=_sgd, max_duration="1ba", device="cpu", algorithms=[Widen()])
+    owned = {id(p) for p in tr.state.model.parameters()}
+    assert {id(p) for g in tr.state.optimizer.param_groups for p in g["params"]} == owned
+    # an optimizer built before surgery is refused with advice
+    stale = mlp()
+    with pytest.raises(ValueError, match="factory"):
+        Trainer(stale, loader(), optimizers=torch.optim.SGD(stale.parameters(), lr=0.1),
+                max_duration="1ba", device="cpu", algorithms=[Widen()])
+
+
+def test_evaluate_matches_a_manual_pass():
+    torch.manual_seed(0)
+    model = mlp()
+    x, y = classification_data(50)
+    dl = DataLoader(TensorDataset(x, y), batch_size=16)   # uneven last batch
+    tr = Trainer(model, metrics={"acc": torchmetrics.classification.MulticlassAccuracy(4, average="micro")},
+                 device="cpu")
+    res = tr.evaluate(dl)
+    with torch.no_grad():
+        logits = model(x)
+    assert res["val/loss"] == pytest.approx(F.cross_entropy(logits, y).item(), rel=1e-6)
+    assert res["val/acc"] == pytest.approx((logits.argmax(1) == y).float().mean().item())
+    preds = tr.predict(dl)
+    torch.testing.assert_close(torch.cat(preds), logits)
+
+
+@pytest.mark.parametrize("precision", ["bf16-mixed", "fp16-mixed"])
+def test_mixed_precision_trains(precision):
+    torch.manual_seed(0)
+    model = mlp()
+    tr = Trainer(model, loader(n=256, batch_size=32), max_duration="3ep", eval_dataloader=loader(n=256, batch_size=64),
+                 precision=precision, device="cpu", optimizers=lambda m: torch.optim.AdamW(m.parameters(), lr=1e-2))
+    first = tr.evaluate()["val/loss"]
+    tr.fit()
+    assert tr.state.eval_metrics["val/loss"] < first
+    assert (tr.state.scaler is not None) == (precision == "fp16-mixed")
+
+
+def test_nan_loss_stops_with_the_step_range_and_no_bad_checkpoint(tmp_path):
+    class Poison(Algorithm):
+        events = (Event.AFTER_LOSS,)
+
+        def apply(self, event, state, logger):
+            if state.timestamp.batch == 6:   # the 7th batch
+                state.loss = state.loss * float("nan")
+
+    tr = Trainer(mlp(), loader(n=64, batch_size=8), max_duration="20ba", device="cpu", log_interval="5ba",
+                 save_folder=str(tmp_path), save_interval="4ba", algorithms=[Poison()])
+    with pytest.raises(NonFiniteLossError) as err:
+        tr.fit()
+    msg = str(err.value)
+    assert "between batches 6 and 8" in msg and "ep0-ba5.pt" not in msg
+    assert err.value.last_checkpoint.endswith("ep0-ba4.pt")
+    names = sorted(p.name for p in tmp_path.glob("*.pt"))
+    assert names == ["ep0-ba4.pt"]   # the save due at batch 8 was refused
+
+
+def test_no_host_sync_inside_training_steps(monkeypatch, tmp_path):
+    """Tensor.item, Tensor.cpu and truth-testing raise inside steps that are not log points."""
+    trap = {"on": False, "steps": 0}
+
+    def guard(name, orig):
+        def f(self, *a, **k):
+            if trap["on"]:
+                raise AssertionError(f"host sync: Tensor.{name} inside a training step")
+            return orig(self, *a, **k)
+        return f
+
+    for name in ("item", "cpu", "__bool__", "__float__", "__int__", "tolist", "numpy"):
+        monkeypatch.setattr(torch.Tensor, name, guard(name, getattr(torch.Tensor, name)))
+
+    class Trap(Algorithm):
+        events = (Event.AFTER_DATALOADER, Event.CHECKPOINT)
+
+        def apply(self, event, state, logger):
+            if event == Event.AFTER_DATALOADER:
+                trap["on"] = True
+                trap["steps"] += 1
+            else:
+                trap["on"] = False
+
+    from hasten.algorithms import EMA
+    tr = Trainer(mlp(dropout=0.1), loader(n=128, batch_size=8, shuffle=True), optimizers=_sgd, max_duration="2ep",
+                 device="cpu", grad_clip_norm=1.0, grad_accum=2, log_interval="100ba",
+                 schedulers=[LRSchedule("cosine", warmup="3ba")], algorithms=[Trap(), EMA(decay=0.9)],
+                 callbacks=[ProgressBar(), SpeedMonitor(), LRMonitor()], loggers=[JSONLLogger(tmp_path / "m.jsonl")])
+    tr.fit()
+    assert trap["steps"] == 32
+    assert tr.state.timestamp.batch == 32
+
+
+def test_schedule_matches_nanogpt_get_lr():
+    """The cosine schedule in typed time reproduces nanoGPT's per-iteration formula."""
+    lr, min_lr, warmup, total = 1e-3, 1e-4, 100, 2000
+
+    def get_lr(it):  # nanoGPT train.py
+        if it < warmup:
+            return lr * (it + 1) / (warmup + 1)
+        ratio = (it - warmup) / (total - warmup)
+        return min_lr + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (lr - min_lr)
+
+    seen = []
+
+    class Spy(Algorithm):
+        events = (Event.BATCH_START,)
+
+        def apply(self, event, state, logger):
+            seen.append(state.optimizer.param_groups[0]["lr"])
+
+    from hasten.data import RandomWindows
+    data = RandomWindows(torch.arange(100) % 7, block_size=4, batch_size=2)
+    tiny = nn.Sequential(nn.Embedding(7, 4), nn.Linear(4, 7))
+    Trainer(tiny, data, optimizers=lambda m: torch.optim.SGD(m.parameters(), lr=lr), max_duration=f"{total}ba",
+            schedulers=[LRSchedule("cosine", warmup=f"{warmup}ba", min_factor=min_lr / lr)], algorithms=[Spy()],
+            device="cpu").fit()
+    assert len(seen) == total
+    for it in (0, 1, 50, 99, 100, 101, 1000, 1999):
+        assert seen[it] == pytest.approx(get_lr(it), rel=1e-9), it
+
+
+def test_schedule_in_epochs_survives_changing_epoch_lengths():
+    sched = LRSchedule("linear", warmup="0ba", min_factor=0.0)
+    assert sched.factor(0.5, 0.0) == pytest.approx(0.5)
+    assert sched.factor(1.0, 0.0) == pytest.approx(0.0)
+    wsd = LRSchedule("wsd", warmup="0.1dur", warmdown="0.2dur")
+    assert wsd.factor(0.5, 0.1, 0.2) == 1.0 and wsd.factor(0.9, 0.1, 0.2) == pytest.approx(0.5)
+
+
+def test_bad_arguments_are_explained():
+    with pytest.raises(ValueError, match="precision"):
+        Trainer(mlp(), precision="fp8", device="cpu")
+    with pytest.raises(ValueError, match="save_folder"):
+        Trainer(mlp(), autoresume=True, device="cpu")
+    with pytest.raises(ValueError, match="dur"):
+        Trainer(mlp(), max_duration="0.5dur", device="cpu")
+    with pytest.raises(ValueError, match="train_dataloader"):
+        Trainer(mlp(), device="cpu").fit()
+
+
+def test_max_duration_in_samples_and_tokens():
+    tr = Trainer(mlp(), loader(n=64, batch_size=8), max_duration="20sp", device="cpu")
+    tr.fit()
+    assert tr.state.timestamp.batch == 3 and tr.state.timestamp.sample == 24
+    from hasten.data import RandomWindows
+    data = RandomWindows(torch.arange(200) % 7, block_size=5, batch_size=2)
+    tiny = nn.Sequential(nn.Embedding(7, 4), nn.Linear(4, 7))
+    tr = Trainer(tiny, data, max_duration="35tok", device="cpu")
+    tr.fit()
+    assert tr.state.timestamp.token == 40 and tr.state.timestamp.batch == 4
