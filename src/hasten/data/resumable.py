@@ -99,14 +99,21 @@ def epoch_iterator(loader, seed: int, epoch: int, skip_batches: int = 0) -> Iter
 
 
 def _forked(loader, seed: int, skip: int) -> Iterator:
+    """Create the iterator (and take the first batch, or the skipped ones) with the global RNG
+    seeded for this epoch, then restore it: the epoch's order and worker seeds depend only
+    on (seed, epoch), and the batches after a resume point draw from the restored RNG just
+    as they did in the uninterrupted run."""
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         it = iter(loader)
-        first = None
         try:
-            for _ in range(skip + 1):
+            if skip == 0:
                 first = next(it)
+            else:
+                for _ in range(skip):
+                    next(it)
         except StopIteration:
             return
-    yield first
+    if skip == 0:
+        yield first
     yield from it
