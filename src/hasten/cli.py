@@ -25,7 +25,7 @@ def _cmd_train(args) -> int:
     from .config import load_recipe
     from .core import NonFiniteLossError
 
-    console = Console(highlight=False)
+    console = Console(highlight=False, soft_wrap=True)
     recipe = load_recipe(args.recipe, args.overrides)
     if args.print_config:
         import yaml

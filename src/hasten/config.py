@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import inspect
+import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -25,6 +26,9 @@ from .core.time import Time
 
 class ConfigError(ValueError):
     pass
+
+
+_NUMBER = re.compile(r"^[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)$")
 
 
 def _suggest(key: str, allowed) -> str:
@@ -147,6 +151,8 @@ def coerce(value: Any, tp, path: str):
             raise ConfigError(f"{path}: expected a whole number, got {value!r}")
         return int(value)
     if tp is float:
+        if isinstance(value, str) and _NUMBER.match(value):   # YAML 1.1 reads 1e-3 as a string
+            return float(value)
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ConfigError(f"{path}: expected a number, got {value!r}")
         return float(value)
@@ -219,6 +225,8 @@ def parse_override(text: str) -> tuple[list[str], Any]:
         value = yaml.safe_load(raw) if raw != "" else ""
     except yaml.YAMLError:
         value = raw
+    if isinstance(value, str) and _NUMBER.match(value):
+        value = float(value)
     return key.split("."), value
 
 

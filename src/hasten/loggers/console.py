@@ -9,7 +9,7 @@ from .base import LoggerDestination, fmt
 class ConsoleLogger(LoggerDestination):
     def __init__(self, train_metrics: bool = False, console: Console | None = None):
         self.train_metrics = train_metrics
-        self.console = console or Console(highlight=False)
+        self.console = console or Console(highlight=False, soft_wrap=True)
 
     def log_metrics(self, metrics, step):
         shown = {k: v for k, v in metrics.items()

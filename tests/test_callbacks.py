@@ -1,0 +1,75 @@
+"""EarlyStopping, SpeedMonitor, LRMonitor, ProgressBar and the loggers."""
+import json
+
+import pytest
+import torch
+
+from hasten import Trainer
+from hasten.callbacks import EarlyStopping, LRMonitor, ProgressBar, SpeedMonitor
+from hasten.core import State, Time
+from hasten.loggers import JSONLLogger, TensorBoardLogger
+
+from tiny import loader, mlp
+
+
+def _feed(cb, values):
+    state = State(model=mlp(), max_duration=Time.parse("1ep"), device=torch.device("cpu"))
+    for i, v in enumerate(values):
+        state.eval_metrics = {"val/loss": v}
+        cb.eval_end(state, None)
+        if state.stop_training:
+            return i, state.stop_reason
+    return None, None
+
+
+def test_patience_counts_evaluations_with_min_delta():
+    i, why = _feed(EarlyStopping(patience=2, min_delta=0.1), [1.0, 0.95, 0.91, 0.5, 0.45, 0.44])
+    assert i == 2 and "did not improve for 2" in why          # 0.95 and 0.91 are within min_delta
+    i, _ = _feed(EarlyStopping(patience=2, min_delta=0.1), [1.0, 0.8, 0.6, 0.4])
+    assert i is None
+
+
+def test_thresholds_and_mode_max():
+    i, why = _feed(EarlyStopping(stopping_threshold=0.5), [1.0, 0.7, 0.5, 0.3])
+    assert i == 2 and "stopping threshold" in why
+    i, why = _feed(EarlyStopping(divergence_threshold=5.0, patience=10), [1.0, 2.0, 6.0])
+    assert i == 2 and "divergence" in why
+    i, why = _feed(EarlyStopping(patience=1), [1.0, float("nan")])
+    assert i == 1 and "nan" in why
+    cb = EarlyStopping(monitor="val/loss", mode="max", patience=1)
+    assert _feed(cb, [0.5, 0.6, 0.55])[0] == 2
+
+
+def test_early_stopping_stops_fit_and_state_resumes():
+    cb = EarlyStopping(patience=1, min_delta=10.0)   # nothing improves by 10: stop at the second eval
+    tr = Trainer(mlp(), loader(n=64, batch_size=8), max_duration="10ep", eval_dataloader=loader(n=16),
+                 eval_interval="1ep", callbacks=[cb], device="cpu")
+    tr.fit()
+    assert tr.state.timestamp.epoch == 2 and tr.state.stop_reason.startswith("early stopping")
+    fresh = EarlyStopping()
+    fresh.load_state_dict(cb.state_dict())
+    assert fresh.best == cb.best and fresh.bad_evals == 1
+    with pytest.raises(KeyError, match="val/acc"):
+        _feed(EarlyStopping(monitor="val/acc"), [1.0])
+
+
+def test_monitors_and_loggers_write_what_they_measure(tmp_path):
+    class Flops(torch.nn.Sequential):
+        pass
+    jsonl = tmp_path / "m.jsonl"
+    tr = Trainer(mlp(), loader(n=64, batch_size=8), max_duration="8ba", device="cpu", log_interval="4ba",
+                 callbacks=[ProgressBar(), SpeedMonitor(flops_per_sample=100.0, peak_flops=1e9), LRMonitor()],
+                 loggers=[JSONLLogger(jsonl), TensorBoardLogger(tmp_path / "tb")],
+                 eval_dataloader=loader(n=16), eval_interval="8ba")
+    tr.fit()
+    tr.close()
+    rows = [json.loads(line) for line in jsonl.read_text().splitlines()]
+    train_rows = [r for r in rows if "train/loss" in r]
+    assert [r["step"] for r in train_rows] == [4, 8]
+    r = train_rows[0]
+    assert r["throughput/samples_per_sec"] > 0
+    assert r["throughput/flops_per_sec"] == pytest.approx(100.0 * r["throughput/samples_per_sec"])
+    assert r["throughput/mfu"] == pytest.approx(r["throughput/flops_per_sec"] / 1e9)
+    assert r["lr/opt0/group0"] == 1e-3
+    assert any("val/loss" in r for r in rows)
+    assert list((tmp_path / "tb").glob("events.out.tfevents.*"))

@@ -1,0 +1,70 @@
+"""The command line as a user runs it."""
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from hasten import __version__
+from hasten.cli import main
+
+
+def _hasten(*args, cwd=None):
+    return subprocess.run([sys.executable, "-m", "hasten.cli", *args], capture_output=True, text=True, cwd=cwd,
+                          timeout=300)
+
+
+def test_version_and_recipes(capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["--version"])
+    assert e.value.code == 0 and __version__ in capsys.readouterr().out
+    assert main(["recipes"]) == 0
+    out = capsys.readouterr().out
+    assert "shakespeare-char-baseline" in out and "cifar10-baseline" in out
+
+
+def test_train_short_run_prints_results_and_paths(tmp_path):
+    r = _hasten("train", "trainer.max_duration=30ba", "trainer.eval_interval=15ba", "data.batch_size=4",
+                "model.n_layer=1", "--no-progress", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "final val/loss=" in r.stdout and "checkpoint: runs/shakespeare-char-baseline-" in r.stdout
+    run = next((tmp_path / "runs").iterdir())
+    assert (run / "recipe.yaml").is_file() and (run / "metrics.jsonl").is_file()
+    assert (run / "checkpoints" / "ep0-ba30.pt").is_file()
+
+
+def test_train_config_errors_exit_2(tmp_path, capsys):
+    assert main(["train", "trainer.max_duraton=3ba"]) == 2
+    assert "Did you mean 'max_duration'" in capsys.readouterr().err
+    assert main(["train", "no-such-recipe"]) == 2
+
+
+def test_missing_dataset_is_a_clear_error(tmp_path, capsys):
+    code = main(["train", "cifar10-baseline", f"data.path={tmp_path}/absent", "--no-progress"])
+    assert code == 1 and "no CIFAR-10 at" in capsys.readouterr().err
+
+
+def test_print_config(capsys):
+    assert main(["train", "shakespeare-char-baseline", "optimizer.lr=0.01", "--print-config"]) == 0
+    assert "lr: 0.01" in capsys.readouterr().out
+
+
+def test_cifar_baseline_smoke_on_tiny_generated_data(tmp_path):
+    import io
+    import zipfile
+
+    import numpy as np
+    from PIL import Image
+    from hasten.data.cifar import CLASSES
+    path = tmp_path / "tiny.zip"
+    rng = np.random.default_rng(0)
+    with zipfile.ZipFile(path, "w") as zf:
+        for split, n in (("train", 40), ("test", 20)):
+            for i in range(n):
+                buf = io.BytesIO()
+                Image.fromarray(rng.integers(0, 256, (32, 32, 3), dtype=np.uint8)).save(buf, format="PNG")
+                zf.writestr(f"{split}/{CLASSES[i % 10]}/{i:05d}.png", buf.getvalue())
+    r = _hasten("train", "cifar10-baseline", f"data.path={path}", "data.batch_size=8", "data.num_workers=0",
+                "model.width=4", "trainer.max_duration=2ep", "schedule.warmup=1ep", "--no-progress", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "val/acc=" in r.stdout

@@ -1,0 +1,76 @@
+"""Recipes load into typed configs; bad keys and values are explained."""
+import pytest
+
+from hasten.config import ConfigError, available_recipes, load_recipe, parse_override
+
+
+def test_packaged_recipes_list_and_validate():
+    recipes = available_recipes()
+    assert {"shakespeare-char-baseline", "cifar10-baseline"} <= set(recipes)
+    for name, desc in recipes.items():
+        assert desc, f"{name} has no description"
+        load_recipe(name)
+
+
+def test_baseline_recipe_states_the_nanogpt_configuration():
+    r = load_recipe("shakespeare-char-baseline")
+    m, d, o, s, t = r.model, r.data, r.optimizer, r.schedule, r.trainer
+    assert (m.n_layer, m.n_head, m.n_embd, d.block_size, d.batch_size) == (4, 4, 128, 64, 12)
+    assert (m.bias, m.tie_embeddings, m.dropout) == (False, True, 0.0)
+    assert (o.name, o.lr, o.betas, o.weight_decay) == ("adamw", 1e-3, [0.9, 0.99], 0.1)
+    assert (s.name, s.warmup, s.min_factor) == ("cosine", "100ba", 0.1)
+    assert (t.max_duration, t.eval_interval, t.grad_clip_norm) == ("2000ba", "250ba", 1.0)
+
+
+def test_cifar_baseline_hyperparameters():
+    r = load_recipe("cifar10-baseline")
+    assert r.optimizer.name == "sgd" and r.optimizer.nesterov and r.optimizer.lr == 0.2
+    assert r.data.batch_size == 512 and r.trainer.max_duration == "30ep" and r.schedule.warmup == "2ep"
+
+
+def test_overrides_apply_with_yaml_values():
+    r = load_recipe("shakespeare-char-baseline", ["trainer.max_duration=10ba", "optimizer.lr=3e-4",
+                                                  "model.n_layer=2", "trainer.grad_clip_norm=null",
+                                                  "algorithms.ema.decay=0.99"])
+    assert r.trainer.max_duration == "10ba" and r.optimizer.lr == 3e-4 and r.model.n_layer == 2
+    assert r.trainer.grad_clip_norm is None and r.algorithms == {"ema": {"decay": 0.99}}
+    r = load_recipe("shakespeare-char-baseline", ["algorithms.ema.decay=0.99", "algorithms.ema=null"])
+    assert r.algorithms == {}
+
+
+@pytest.mark.parametrize("override,needle", [
+    ("trainer.max_duraton=10ba", "Did you mean 'max_duration'"),
+    ("optimzer.lr=1", "Did you mean 'optimizer'"),
+    ("trainer.precision=bf16", "choose one of ['fp32', 'bf16-mixed', 'fp16-mixed']"),
+    ("trainer.max_duration=10 epochs", "trainer.max_duration"),
+    ("trainer.seed=abc", "trainer.seed: expected a whole number"),
+    ("model.n_layers=3", "Did you mean 'n_layer'"),
+    ("data.tokenizer=words", "choose one of ['char', 'byte']"),
+    ("algorithms.emaa.decay=0.9", "Did you mean 'ema'"),
+    ("algorithms.ema.decy=0.9", "Did you mean 'decay'"),
+    ("task=vision", "not a known task"),
+    ("schedule.warmup=100", "schedule.warmup"),
+    ("trainer.max_duration", "key.sub=value"),
+])
+def test_bad_keys_and_values_are_named(override, needle):
+    with pytest.raises(ConfigError) as e:
+        load_recipe("shakespeare-char-baseline", [override])
+    assert needle in str(e.value)
+
+
+def test_unknown_recipe_suggests():
+    with pytest.raises(ConfigError, match="Did you mean 'cifar10-baseline'"):
+        load_recipe("cifar10-baselin")
+
+
+def test_recipe_file_with_base(tmp_path):
+    f = tmp_path / "mine.yaml"
+    f.write_text("base: shakespeare-char-baseline\ndescription: mine\noptimizer:\n  lr: 0.002\n")
+    r = load_recipe(str(f))
+    assert r.name == "mine" and r.optimizer.lr == 0.002 and r.optimizer.betas == [0.9, 0.99]
+
+
+def test_parse_override_values():
+    assert parse_override("a.b=[1, 2]") == (["a", "b"], [1, 2])
+    assert parse_override("a=true") == (["a"], True)
+    assert parse_override("a=1e-3") == (["a"], 1e-3)
