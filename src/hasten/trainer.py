@@ -22,14 +22,23 @@ from .data.resumable import epoch_iterator
 from .loggers import LogHub
 from .utils import batch_size, inputs_targets, resolve_device, seed_everything, split_batch, to_device
 
+# Events as module constants: looking members up on an Enum class is slow in Python 3.11.
+(AFTER_BACKWARD, AFTER_DATALOADER, AFTER_FORWARD, AFTER_LOSS, AFTER_OPTIM_STEP, BATCH_END, BATCH_START, BEFORE_BACKWARD, BEFORE_DATALOADER, BEFORE_FORWARD, BEFORE_LOSS, BEFORE_OPTIM_STEP, CHECKPOINT, EPOCH_END, EPOCH_START, EVAL_BATCH_END, EVAL_BATCH_START, EVAL_END, EVAL_START, FIT_END, FIT_START, INIT, PREDICT_BATCH_END, PREDICT_END, PREDICT_START) = (
+    Event.AFTER_BACKWARD, Event.AFTER_DATALOADER, Event.AFTER_FORWARD, Event.AFTER_LOSS, Event.AFTER_OPTIM_STEP, Event.BATCH_END, Event.BATCH_START, Event.BEFORE_BACKWARD, Event.BEFORE_DATALOADER, Event.BEFORE_FORWARD, Event.BEFORE_LOSS, Event.BEFORE_OPTIM_STEP, Event.CHECKPOINT, Event.EPOCH_END, Event.EPOCH_START, Event.EVAL_BATCH_END, Event.EVAL_BATCH_START, Event.EVAL_END, Event.EVAL_START, Event.FIT_END, Event.FIT_START, Event.INIT, Event.PREDICT_BATCH_END, Event.PREDICT_END, Event.PREDICT_START)
+
 PRECISIONS = ("fp32", "bf16-mixed", "fp16-mixed")
+_NO_AUTOCAST = contextlib.nullcontext()   # reusable: fp32 steps enter no real context
 
 
-def default_loss(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """Per-sample (or per-token) cross-entropy: the Trainer does the reduction."""
+def default_loss(outputs: torch.Tensor, targets: torch.Tensor, reduction: str = "none") -> torch.Tensor:
+    """Per-sample (or per-token) cross-entropy: the Trainer does the reduction.
+
+    When nothing listens to AFTER_LOSS and there is one micro-batch, the Trainer asks for
+    reduction="mean" instead: the same number, computed inside the loss kernel.
+    """
     if outputs.dim() > 2:  # (B, T, V) language-model logits
-        return F.cross_entropy(outputs.flatten(0, -2).float(), targets.flatten(), reduction="none")
-    return F.cross_entropy(outputs, targets, reduction="none")
+        return F.cross_entropy(outputs.flatten(0, -2).float(), targets.flatten(), reduction=reduction)
+    return F.cross_entropy(outputs, targets, reduction=reduction)
 
 
 def _default_token_count(targets) -> int:
@@ -88,6 +97,8 @@ class Trainer:
             raise ValueError("autoresume=True needs save_folder: that is where it looks for checkpoints")
         seed_everything(seed)
         self.device = resolve_device(device)
+        self._on_cpu = self.device.type == "cpu"   # CPU batches need no move
+        self._fused_mean = False
         model = model.to(self.device)
         self.batch_fn, self.count_tokens, self.grad_clip_norm = batch_fn, count_tokens, grad_clip_norm
         self.checkpoint_io = checkpoint_io or CheckpointIO()
@@ -109,14 +120,13 @@ class Trainer:
             seed=seed, grad_accum=grad_accum)
         if self.state.max_duration.unit == TimeUnit.DURATION:
             raise ValueError("max_duration cannot be a fraction ('dur'); use ep, ba, sp, tok or s/m/h")
-        self.state.loss_sum = torch.zeros((), device=self.device)
         self.logger = LogHub(loggers)
         self.engine = Engine(self.state, self.logger)
         self.eval_interval = Interval(eval_interval)
         self.log_interval = Interval(log_interval)
 
         # INIT: model surgery happens here; then optimizers and schedulers are built.
-        self.engine.run(Event.INIT)
+        self.engine.run(INIT)
         self.state.optimizers = self._build_optimizers(optimizers)
         self.state.schedulers = self._build_schedulers(schedulers)
         if precision == "fp16-mixed":
@@ -172,7 +182,7 @@ class Trainer:
 
     def _autocast(self):
         if self._autocast_dtype is None:
-            return contextlib.nullcontext()
+            return _NO_AUTOCAST
         return torch.autocast(self.device.type, dtype=self._autocast_dtype)
 
     # ------------------------------------------------------------------ checkpoints
@@ -198,18 +208,20 @@ class Trainer:
         for algo in state.algorithms:
             step = algo.wrap_step(step)
         self._step = step
+        self._fused_mean = (state.loss_fn is default_loss and state.grad_accum == 1
+                            and Event.AFTER_LOSS not in self.engine.active)
         state.steps_per_epoch = len(loader) if hasattr(loader, "__len__") else None
         for interval in (self.eval_interval, self.log_interval):
             interval.start(state.timestamp, state.progress)
         state.model.train()
         old_handler = self._install_sigterm()
         try:
-            run(Event.FIT_START)
+            run(FIT_START)
             while not state.is_done() and not state.stop_training:
                 ts = state.timestamp
                 mid_epoch = ts.batch_in_epoch > 0
                 if not mid_epoch:
-                    run(Event.EPOCH_START)
+                    run(EPOCH_START)
                 state.steps_per_epoch = len(loader) if hasattr(loader, "__len__") else None
                 batches = epoch_iterator(loader, state.seed, ts.epoch, ts.batch_in_epoch)
                 finished_epoch = self._run_epoch(batches)
@@ -224,14 +236,14 @@ class Trainer:
         """Train until the data runs out (True) or training must stop (False)."""
         state, run = self.state, self.engine.run
         while True:
-            run(Event.BEFORE_DATALOADER)
+            run(BEFORE_DATALOADER)
             t0 = time.perf_counter()
             try:
                 batch = next(batches)
             except StopIteration:
                 return True
-            state.batch = to_device(batch, self.device)
-            run(Event.AFTER_DATALOADER)
+            state.batch = batch if self._on_cpu else to_device(batch, self.device)
+            run(AFTER_DATALOADER)
             self._train_batch(t0)
             if self._after_batch():
                 # the epoch is complete when its last batch was the stopping point
@@ -244,11 +256,12 @@ class Trainer:
         for sched in state.schedulers:
             if hasattr(sched, "apply"):
                 sched.apply(state)
-        run(Event.BATCH_START)
-        n_samples = batch_size(state.batch)
-        n_tokens = self.count_tokens(self.batch_fn(state.batch)[1])
+        run(BATCH_START)
+        batch = state.batch
+        n_samples = batch[0].shape[0] if type(batch) is tuple or type(batch) is list else batch_size(batch)
+        n_tokens = self.count_tokens(self.batch_fn(batch)[1])
         self._step(state)
-        run(Event.BEFORE_OPTIM_STEP)
+        run(BEFORE_OPTIM_STEP)
         scaler = state.scaler
         if self.grad_clip_norm is not None:
             if scaler is not None:
@@ -262,7 +275,7 @@ class Trainer:
                 opt.step()
         if scaler is not None:
             scaler.update()
-        run(Event.AFTER_OPTIM_STEP)
+        run(AFTER_OPTIM_STEP)
         for opt in state.optimizers:
             opt.zero_grad(set_to_none=True)
         for sched in state.schedulers:
@@ -286,24 +299,26 @@ class Trainer:
         for i, micro in enumerate(micro_batches):
             state.micro_batch, state.micro_batch_index = micro, i
             state.micro_batch_weight = batch_size(micro) / total if total else 1.0
-            run(Event.BEFORE_FORWARD)
+            run(BEFORE_FORWARD)
             inputs, targets = self.batch_fn(state.micro_batch)
             with self._autocast():
                 state.outputs = (state.forward_model(**inputs) if isinstance(inputs, dict)
                                  else state.forward_model(inputs))
-            run(Event.AFTER_FORWARD)
-            run(Event.BEFORE_LOSS)
+            run(AFTER_FORWARD)
+            run(BEFORE_LOSS)
             with self._autocast():
-                state.loss = state.loss_fn(state.outputs, targets)
+                if self._fused_mean:   # nobody needs per-sample losses: reduce inside the kernel
+                    state.loss = default_loss(state.outputs, targets, reduction="mean")
+                else:
+                    state.loss = state.loss_fn(state.outputs, targets)
             state.loss_count = state.loss.numel()
-            run(Event.AFTER_LOSS)
+            run(AFTER_LOSS)
             state.loss = self.reduce_loss(state.loss)
-            state.loss_sum.add_(state.loss.detach())
-            run(Event.BEFORE_BACKWARD)
+            state.step_losses.append(state.loss.detach())
+            run(BEFORE_BACKWARD)
             loss = state.loss if state.scaler is None else state.scaler.scale(state.loss)
             loss.backward()
-            run(Event.AFTER_BACKWARD)
-        state.loss_steps += 1
+            run(AFTER_BACKWARD)
 
     def reduce_loss(self, loss: torch.Tensor) -> torch.Tensor:
         """Mean over the samples of the whole step: sum / count, weighted by micro-batch share.
@@ -324,12 +339,12 @@ class Trainer:
         state, run = self.state, self.engine.run
         ts, progress = state.timestamp, state.progress
         state.log_due = self.log_interval.due(ts, progress)
-        run(Event.BATCH_END)
+        run(BATCH_END)
         if state.log_due:
             self._log_train()
         if self.eval_interval.due(ts, progress) and self._has_eval():
             self._evaluate_during_fit()
-        run(Event.CHECKPOINT)
+        run(CHECKPOINT)
         state.log_due = False
         if self._sigterm.is_set():
             self._save_on_sigterm()
@@ -342,10 +357,10 @@ class Trainer:
         ts.epoch += 1
         ts.batch_in_epoch = ts.sample_in_epoch = ts.token_in_epoch = 0
         state.at_epoch_end = True
-        run(Event.EPOCH_END)
+        run(EPOCH_END)
         if self.eval_interval.due(ts, state.progress, epoch_end=True) and self._has_eval():
             self._evaluate_during_fit()
-        run(Event.CHECKPOINT)
+        run(CHECKPOINT)
         state.at_epoch_end = False
 
     def _finish(self) -> None:
@@ -354,7 +369,7 @@ class Trainer:
         if self._has_eval() and state.extra.get("_evaluated_at") != state.timestamp.batch and not self._sigterm.is_set():
             self._evaluate_during_fit()
         state.extra["final"] = True
-        self.engine.run(Event.FIT_END)
+        self.engine.run(FIT_END)
         self.logger.flush(state.timestamp.batch)
 
     def _log_train(self) -> None:
@@ -405,12 +420,12 @@ class Trainer:
         metrics = {k: m.to(self.device) for k, m in self.metrics.items()}
         for m in metrics.values():
             m.reset()
-        run(Event.EVAL_START)
+        run(EVAL_START)
         loss_sum = torch.zeros((), device=self.device, dtype=torch.float64)
         count = 0
         for batch in dataloader:
             state.batch = to_device(batch, self.device)
-            run(Event.EVAL_BATCH_START)
+            run(EVAL_BATCH_START)
             inputs, targets = self.batch_fn(state.batch)
             with self._autocast():
                 outputs = state.forward_model(**inputs) if isinstance(inputs, dict) else state.forward_model(inputs)
@@ -422,7 +437,7 @@ class Trainer:
             if targets is not None:
                 for m in metrics.values():
                     m.update(outputs.float() if outputs.is_floating_point() else outputs, targets)
-            run(Event.EVAL_BATCH_END)
+            run(EVAL_BATCH_END)
         results = {}
         if count:
             results[f"{prefix}/loss"] = float(loss_sum) / count
@@ -430,7 +445,7 @@ class Trainer:
             results[f"{prefix}/{name}"] = float(m.compute())
         state.eval_metrics = results
         self.logger.log(results)
-        run(Event.EVAL_END)
+        run(EVAL_END)
         self.logger.flush(state.timestamp.batch)
         if was_training:
             state.model.train()
@@ -442,16 +457,16 @@ class Trainer:
         state, run = self.state, self.engine.run
         was_training = state.model.training
         state.model.eval()
-        run(Event.PREDICT_START)
+        run(PREDICT_START)
         outs = []
         for batch in dataloader:
             state.batch = to_device(batch, self.device)
             inputs, _ = self.batch_fn(state.batch) if isinstance(batch, (list, tuple, dict)) else (state.batch, None)
             with self._autocast():
                 state.outputs = state.forward_model(**inputs) if isinstance(inputs, dict) else state.forward_model(inputs)
-            run(Event.PREDICT_BATCH_END)
+            run(PREDICT_BATCH_END)
             outs.append(state.outputs.detach().cpu() if isinstance(state.outputs, torch.Tensor) else state.outputs)
-        run(Event.PREDICT_END)
+        run(PREDICT_END)
         if was_training:
             state.model.train()
         return outs

@@ -38,8 +38,7 @@ class State:
     # eval
     eval_metrics: dict = field(default_factory=dict)   # last evaluation results, name -> float
     # training loss, accumulated on the device and read only at log and save points
-    loss_sum: Any = None          # sum of reduced step losses since the last read (a device tensor)
-    loss_steps: int = 0           # how many steps loss_sum holds
+    step_losses: list = field(default_factory=list)  # detached reduced losses since the last read
     checked_batch: int = 0        # batches up to here are known to have had finite losses
     last_checkpoint: str | None = None
     # control
@@ -97,16 +96,19 @@ class State:
         at log points, and checkpointing calls it (reset=False) before writing, never every
         step. A NaN or Inf anywhere in the accumulated steps makes the sum non-finite.
         """
-        if self.loss_steps == 0 or self.loss_sum is None:
+        if not self.step_losses:
             return None
-        value = float(self.loss_sum) / self.loss_steps
+        value = float(torch.stack(self.step_losses).double().sum()) / self.loss_steps_per_read()
         if value != value or value in (float("inf"), float("-inf")):
             raise NonFiniteLossError(self.checked_batch + 1, self.timestamp.batch, self.last_checkpoint)
         self.checked_batch = self.timestamp.batch
         if reset:
-            self.loss_sum.zero_()
-            self.loss_steps = 0
+            self.step_losses.clear()
         return value
+
+    def loss_steps_per_read(self) -> int:
+        """Number of optimizer steps in step_losses (micro-batch losses are already weighted)."""
+        return max(1, len(self.step_losses) // self.grad_accum)
 
     @property
     def optimizer(self):

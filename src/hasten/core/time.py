@@ -29,6 +29,9 @@ _SUFFIXES = {"ep": TimeUnit.EPOCH, "ba": TimeUnit.BATCH, "sp": TimeUnit.SAMPLE,
 _SCALE = {"m": 60.0, "h": 3600.0}
 _PATTERN = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*(ep|ba|sp|tok|dur|s|m|h)\s*$")
 _INTEGER_UNITS = (TimeUnit.EPOCH, TimeUnit.BATCH, TimeUnit.SAMPLE, TimeUnit.TOKEN)
+_FIELD = {TimeUnit.EPOCH: "epoch", TimeUnit.BATCH: "batch", TimeUnit.SAMPLE: "sample", TimeUnit.TOKEN: "token",
+          TimeUnit.SECOND: "train_seconds"}
+_FIELD.update({u.value: f for u, f in list(_FIELD.items())})
 
 
 @dataclass(frozen=True)
@@ -109,9 +112,7 @@ class Timestamp:
     train_seconds: float = 0.0  # wall-clock spent in training steps (eval excluded)
 
     def get(self, unit: TimeUnit) -> float:
-        unit = TimeUnit(unit)
-        return {TimeUnit.EPOCH: self.epoch, TimeUnit.BATCH: self.batch, TimeUnit.SAMPLE: self.sample,
-                TimeUnit.TOKEN: self.token, TimeUnit.SECOND: self.train_seconds}[unit]
+        return getattr(self, _FIELD[unit])
 
     def state_dict(self) -> dict:
         return asdict(self)
@@ -135,12 +136,14 @@ class Interval:
         if self.every.value <= 0:
             raise ValueError(f"an interval must be > 0, got {self.every}")
         self._last: int | None = None
+        self._field = _FIELD.get(self.every.unit)   # None for fractions of the run
+        self._n = self.every.value
+        self._epochs = self.every.unit == TimeUnit.EPOCH
 
     def _index(self, ts: Timestamp, progress: float) -> int:
-        unit, n = self.every.unit, self.every.value
-        if unit == TimeUnit.DURATION:
-            return int(math.floor(progress / n + 1e-9))
-        return int(ts.get(unit) // n)
+        if self._field is None:
+            return int(math.floor(progress / self._n + 1e-9))
+        return int(getattr(ts, self._field) // self._n)
 
     def start(self, ts: Timestamp, progress: float) -> None:
         """Count from here: called at the start of fit (also after a resume)."""
@@ -148,7 +151,7 @@ class Interval:
 
     def due(self, ts: Timestamp, progress: float, epoch_end: bool = False) -> bool:
         """True once each time training crosses into a new period of `every`."""
-        if (self.every.unit == TimeUnit.EPOCH) != epoch_end:
+        if self._epochs != epoch_end:
             return False
         i = self._index(ts, progress)
         if self._last is None:

@@ -1,0 +1,158 @@
+"""Trainer overhead on an overhead-dominated loop.
+
+The same tiny MLP (Linear 32-64, ReLU, Linear 64-10; batch 64; SGD; one thread; CPU) for
+2000 steps: the plain PyTorch loop, hasten's Trainer (progress bar and JSONL logger on,
+output to a file), and, when installed, Lightning (bare, and with its progress bar and
+CSV logger). Runs alternate, 5 rounds in one process; reported: the median time ratio to
+the plain loop and the overhead in microseconds per step.
+
+    python benchmarks/trainer_overhead.py [--steps 2000] [--rounds 5]
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import os
+import statistics
+import sys
+import tempfile
+import time
+import warnings
+
+import torch
+import torch.nn.functional as F
+from rich.console import Console
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+sys.path.insert(0, os.path.dirname(__file__))
+from common import write_results  # noqa: E402
+
+from hasten import Trainer  # noqa: E402
+from hasten.callbacks import ProgressBar  # noqa: E402
+from hasten.loggers import JSONLLogger  # noqa: E402
+
+
+def make_model(seed: int = 0) -> nn.Module:
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 10))
+
+
+def plain(loader, steps):
+    model = make_model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    t0 = time.perf_counter()
+    for i, (x, y) in enumerate(loader):
+        loss = F.cross_entropy(model(x), y)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+    return time.perf_counter() - t0
+
+
+def hasten(loader, steps, out_dir):
+    model = make_model()
+    log = open(os.path.join(out_dir, "progress.txt"), "w")
+    tr = Trainer(model, loader, optimizers=lambda m: torch.optim.SGD(m.parameters(), lr=0.01),
+                 max_duration=f"{steps}ba", device="cpu",
+                 callbacks=[ProgressBar(console=Console(file=log))],
+                 loggers=[JSONLLogger(os.path.join(out_dir, "metrics.jsonl"))])
+    t0 = time.perf_counter()
+    tr.fit()
+    dt = time.perf_counter() - t0
+    tr.close()
+    log.close()
+    return dt
+
+
+def run_lightning(loader, steps, out_dir, extras: bool):
+    import lightning as L
+
+    class Module(L.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.model = make_model()
+
+        def training_step(self, batch, batch_idx):
+            x, y = batch
+            loss = F.cross_entropy(self.model(x), y)
+            if extras:
+                self.log("train_loss", loss, prog_bar=True)
+            return loss
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.01)
+
+    kwargs = dict(max_steps=steps, accelerator="cpu", devices=1, enable_checkpointing=False,
+                  enable_model_summary=False, num_sanity_val_steps=0)
+    if extras:
+        kwargs.update(enable_progress_bar=True, logger=L.pytorch.loggers.CSVLogger(out_dir), log_every_n_steps=50)
+    else:
+        kwargs.update(enable_progress_bar=False, logger=False)
+    trainer = L.Trainer(**kwargs)
+    module = Module()
+    stdout = sys.stdout
+    sys.stdout = open(os.path.join(out_dir, "lightning.txt"), "w")
+    try:
+        t0 = time.perf_counter()
+        trainer.fit(module, loader)
+        dt = time.perf_counter() - t0
+    finally:
+        sys.stdout.close()
+        sys.stdout = stdout
+    return dt
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--steps", type=int, default=2000)
+    p.add_argument("--rounds", type=int, default=7)
+    p.add_argument("--no-lightning", action="store_true")
+    args = p.parse_args()
+    torch.set_num_threads(1)
+    warnings.filterwarnings("ignore")
+    g = torch.Generator().manual_seed(0)
+    ds = TensorDataset(torch.randn(args.steps * 64, 32, generator=g), torch.randint(0, 10, (args.steps * 64,), generator=g))
+    loader = DataLoader(ds, batch_size=64)
+    runners = {"plain": lambda d: plain(loader, args.steps), "hasten": lambda d: hasten(loader, args.steps, d)}
+    try:
+        if not args.no_lightning:
+            import lightning  # noqa: F401
+            import logging
+            logging.getLogger("lightning").setLevel(logging.ERROR)
+            logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
+            runners["lightning"] = lambda d: run_lightning(loader, args.steps, d, extras=False)
+            runners["lightning+bar+logger"] = lambda d: run_lightning(loader, args.steps, d, extras=True)
+    except ImportError:
+        pass
+    times = {k: [] for k in runners}
+    plain(loader, 200)  # warm-up
+    for r in range(args.rounds):
+        for name, fn in runners.items():
+            with tempfile.TemporaryDirectory() as d:
+                gc.collect()
+                times[name].append(fn(d))
+        print(f"round {r + 1}/{args.rounds}: " + ", ".join(f"{k} {v[-1]:.3f}s" for k, v in times.items()), flush=True)
+    base = times["plain"]
+    rows, data = [], {"steps": args.steps, "rounds": args.rounds, "times_s": times, "summary": {}}
+    for name, ts in times.items():
+        ratios = [t / b for t, b in zip(ts, base)]
+        med_ratio = statistics.median(ratios)
+        over_us = (statistics.median(ts) - statistics.median(base)) / args.steps * 1e6
+        best_ratio = min(ts) / min(base)
+        data["summary"][name] = {"median_s": statistics.median(ts), "median_ratio": med_ratio,
+                                 "min_ratio": min(ratios), "max_ratio": max(ratios), "ratio_of_best": best_ratio,
+                                 "overhead_us_per_step": over_us}
+        rows.append(f"| {name} | {statistics.median(ts):.3f} | {med_ratio:.3f} ({min(ratios):.3f}-{max(ratios):.3f}) "
+                    f"| {best_ratio:.3f} | {over_us:+.1f} |")
+    md = ("# Trainer overhead (tiny MLP, 2000 steps, batch 64, 1 thread, CPU)\n\n"
+          f"{args.rounds} alternating rounds in one process; ratio = time / plain loop time of the same round.\n\n"
+          "| loop | median time (s) | median ratio (min-max) | best / best | overhead (us/step, medians) |\n"
+          "|---|---|---|---|---|\n"
+          + "\n".join(rows))
+    write_results("trainer_overhead", data, md)
+    print(md)
+
+
+if __name__ == "__main__":
+    main()
