@@ -76,7 +76,9 @@ def build_run(recipe: Recipe, progress_bar: bool | None = None, console_logger: 
         loss_fn=built.loss_fn, max_duration=t.max_duration, eval_interval=t.eval_interval,
         log_interval=t.log_interval, metrics=built.metrics, algorithms=algorithms, callbacks=callbacks,
         loggers=loggers, precision=t.precision, device=device, compile=t.compile, grad_accum=t.grad_accum,
-        grad_clip_norm=t.grad_clip_norm, seed=t.seed, save_folder=str(run_dir / "checkpoints"),
+        grad_clip_norm=t.grad_clip_norm, seed=t.seed,
+        save_folder=str(run_dir / "checkpoints") if t.checkpoints else None,
         save_interval=t.save_interval or t.eval_interval, load_path=t.load_path, autoresume=t.autoresume)
-    trainer.state.callbacks[-1].keep_last = t.keep_last
+    if t.checkpoints:
+        trainer.state.callbacks[-1].keep_last = t.keep_last
     return Run(recipe=recipe, trainer=trainer, built=built, run_dir=run_dir)

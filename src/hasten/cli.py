@@ -63,6 +63,54 @@ def _cmd_train(args) -> int:
     return 0
 
 
+def _cmd_bench(args) -> int:
+    import shlex
+    from pathlib import Path
+
+    from rich.console import Console
+
+    from .bench.report import write_report
+    from .bench.runner import Spec, run_comparison, unique_labels
+    from .bench.target import Target
+
+    console = Console(stderr=True, highlight=False, soft_wrap=True)
+    specs_text = [a for a in args.items if "=" not in a.split("+", 1)[0]]
+    shared = [a for a in args.items if a not in specs_text]
+    if not specs_text:
+        raise SystemExit("hasten bench: give at least one recipe")
+    target = Target.parse(args.target)
+    shared += [f"trainer.eval_interval={args.eval_every}"] if args.eval_every else []
+    seeds = [args.seed0 + i for i in range(args.seeds)]
+    command = "hasten bench " + " ".join(shlex.quote(a) for a in args.argv)
+    if args.ladder:
+        from .bench.ladder import ladder_markdown, ladder_plot, ladder_specs
+        steps = ladder_specs(specs_text[0], args.ladder, args.order.split(",") if args.order else None, shared)
+        out_dir = Path(args.out) / (args.name or f"ladder-{Path(specs_text[0]).stem}-to-{Path(args.ladder).stem}")
+        console.print(f"ladder: {len(steps)} rows ({', '.join(n for n, _ in steps)}), {len(seeds)} seed(s) each, "
+                      f"cap {args.cap or 'none'} s per run; results in {out_dir}")
+        runs = run_comparison([s for _, s in steps], seeds, out_dir, args.cap, console)
+        from .bench.report import resolve_target
+        tgt = resolve_target(target, runs, "baseline")
+        md, rows = ladder_markdown(runs, steps, tgt, f"Ladder: {specs_text[0]} to {args.ladder}", command)
+        png = ladder_plot(rows, out_dir / "ladder.png")
+        if png:
+            md += f"\n![time to target per step]({png.name})\n"
+        (out_dir / "ladder.md").write_text(md)
+        import json
+        (out_dir / "ladder.json").write_text(json.dumps({"command": command, "target": str(tgt), "rows": rows}, indent=2))
+        print(md)
+        return 0
+    specs = unique_labels([Spec.parse(t, shared) for t in specs_text])
+    out_dir = Path(args.out) / (args.name or "-vs-".join(Path(s.recipe).stem for s in specs))
+    console.print(f"bench: {len(specs)} recipe(s) x {len(seeds)} seed(s), interleaved; target {target}; "
+                  f"results in {out_dir}")
+    runs = run_comparison(specs, seeds, out_dir, args.cap, console)
+    write_report(runs, [s.label for s in specs], target, out_dir, args.title or "hasten bench", command)
+    print((out_dir / "report.md").read_text())
+    console.print(f"report: {out_dir / 'report.md'} (JSON: report.json, plot: report.png, runs: runs.jsonl)")
+    return 0
+
+
 def make_parser() -> argparse.ArgumentParser:
     from . import __version__
     p = argparse.ArgumentParser(prog="hasten", description="Fast PyTorch training with measured speedups.")
@@ -76,6 +124,23 @@ def make_parser() -> argparse.ArgumentParser:
     t.add_argument("--no-progress", action="store_true", help="no progress bar")
     t.add_argument("--print-config", action="store_true", help="print the resolved recipe and exit")
     t.set_defaults(func=_cmd_train)
+    b = sub.add_parser("bench", help="compare recipes: time to a target, many seeds, honest statistics",
+                       description="Run each recipe for several seeds, each run in its own process, seeds paired "
+                       "and recipes interleaved; report time to target and the fixed-budget comparison. "
+                       "RECIPE may carry overrides joined with '+': name+optimizer.lr=2e-3. Items with '=' "
+                       "are overrides for every recipe. Rerunning continues a stopped comparison.")
+    b.add_argument("items", nargs="+", metavar="RECIPE|KEY=VALUE")
+    b.add_argument("--target", required=True, help="e.g. 'val/acc>=0.908', 'val/loss<=1.9' or 'val/loss<=@first'")
+    b.add_argument("--seeds", type=int, default=3, help="runs per recipe (default 3)")
+    b.add_argument("--seed0", type=int, default=0, help="first seed (default 0)")
+    b.add_argument("--eval-every", help="the same evaluation cadence for every recipe, e.g. 25000sp or 16000tok")
+    b.add_argument("--cap", type=float, help="time cap per run in seconds (a capped run keeps its evaluations)")
+    b.add_argument("--out", default="bench-results", help="results folder (default bench-results)")
+    b.add_argument("--name", help="sub-folder name for this comparison")
+    b.add_argument("--title", help="report title")
+    b.add_argument("--ladder", metavar="TARGET_RECIPE", help="ladder from the first recipe to this one")
+    b.add_argument("--order", help="ladder step order, comma-separated step names")
+    b.set_defaults(func=_cmd_bench)
     r = sub.add_parser("recipes", help="list the packaged recipes")
     r.set_defaults(func=_cmd_recipes)
     return p
@@ -83,7 +148,9 @@ def make_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     parser = make_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = parser.parse_args(argv)
+    args.argv = argv[1:]
     if not getattr(args, "func", None):
         parser.print_help()
         return 2

@@ -51,6 +51,7 @@ class TrainerConfig:
     run_dir: Optional[str] = None       # default: runs/<recipe>-<date-time>
     save_interval: Optional[str] = None  # default: checkpoints at eval points and at the end
     keep_last: int = 1
+    checkpoints: bool = True             # false: write no checkpoints (benchmarks)
     autoresume: bool = False
     load_path: Optional[str] = None
     progress_bar: bool = True

@@ -2,8 +2,9 @@
 
 REGISTRY maps the names used in recipes to Algorithm classes.
 """
+from .delay import Delay
 from .ema import EMA, ema_update
 
-REGISTRY = {"ema": EMA}
+REGISTRY = {"ema": EMA, "delay": Delay}
 
-__all__ = ["EMA", "REGISTRY", "ema_update"]
+__all__ = ["Delay", "EMA", "REGISTRY", "ema_update"]

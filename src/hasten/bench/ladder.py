@@ -1,0 +1,141 @@
+"""The ladder: from a baseline recipe to a target recipe, one change at a time.
+
+The differences between the two validated recipes are grouped into steps: one per
+algorithm the target adds (or removes), and one per section whose settings differ
+(trainer, data, model, optimizer, schedule). Steps are applied cumulatively in the given
+order; each is measured (one seed by default) under a time cap. The report separates
+systems gains (less time per sample: same math, faster steps) from algorithmic gains
+(fewer samples to the target).
+"""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+from ..config import load_recipe, to_dict
+from .report import _f, final_metric, latest_per_run, time_to_target, timed_duration
+from .runner import Spec
+from .target import Target
+
+SECTIONS = ("trainer", "data", "model", "optimizer", "schedule")
+IGNORED = {"name", "description"}
+
+
+def _flatten(d: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict) and v:
+            out.update(_flatten(v, key + "."))
+        else:
+            out[key] = v
+    return out
+
+
+def _yaml_value(v) -> str:
+    return json.dumps(v) if not isinstance(v, str) else v
+
+
+def ladder_steps(baseline: str, target: str, order: list[str] | None = None) -> list[tuple[str, list[str]]]:
+    """[(step name, overrides)] that turn `baseline` into `target`."""
+    a, b = to_dict(load_recipe(baseline)), to_dict(load_recipe(target))
+    steps: dict[str, list[str]] = {}
+    for section in SECTIONS:
+        fa, fb = _flatten(a[section], section + "."), _flatten(b[section], section + ".")
+        diff = [f"{k}={_yaml_value(fb[k])}" for k in fb if fa.get(k) != fb[k]]
+        diff += [f"{k}=null" for k in fa if k not in fb]
+        if diff:
+            steps[section] = diff
+    for name, params in b["algorithms"].items():
+        if a["algorithms"].get(name) != params:
+            steps[name] = [f"algorithms.{name}={json.dumps(params)}"]
+    for name in a["algorithms"]:
+        if name not in b["algorithms"]:
+            steps[f"remove:{name}"] = [f"algorithms.{name}=null"]
+    if order:
+        unknown = [s for s in order if s not in steps]
+        if unknown:
+            raise ValueError(f"--order names {unknown}, which are not steps; steps are {list(steps)}")
+        names = order + [s for s in steps if s not in order]
+    else:
+        names = list(steps)
+    return [(n, steps[n]) for n in names]
+
+
+def ladder_specs(baseline: str, target: str, order: list[str] | None = None, shared: list[str] = ()) -> list[tuple[str, Spec]]:
+    specs, acc = [("baseline", Spec(label="baseline", recipe=baseline, overrides=list(shared)))], []
+    for name, overrides in ladder_steps(baseline, target, order):
+        acc = acc + overrides
+        specs.append((name, Spec(label=f"+{name}", recipe=baseline, overrides=list(shared) + acc)))
+    return specs
+
+
+def ladder_markdown(runs: list[dict], steps: list[tuple[str, Spec]], target: Target, title: str,
+                    command: str | None = None) -> tuple[str, list[dict]]:
+    runs = latest_per_run(runs)
+    rows, table = [], []
+    prev = None
+    first_ttt = None
+    for name, spec in steps:
+        rs = [r for r in runs if r["label"] == spec.label]
+        hits = [h for h in (time_to_target(r, target) for r in rs) if h]
+        finals = [v for v in (final_metric(r, target.metric) for r in rs) if v is not None]
+        per_sample = [timed_duration(r) / r["final"]["sample"] for r in rs if r.get("final") and r["final"]["sample"]]
+        ttt = sum(h["seconds"] for h in hits) / len(hits) if hits else None
+        sps = sum(h["samples"] for h in hits) / len(hits) if hits else None
+        spp = sum(per_sample) / len(per_sample) if per_sample else None
+        # a capped run has no final record: estimate its time per sample from its evaluations
+        if spp is None and rs and rs[0].get("evals"):
+            e = rs[0]["evals"][-1]
+            spp = e["train_s"] / e["sample"] if e["sample"] else None
+        row = {"step": name, "label": spec.label, "status": [r["status"] for r in rs], "reached": len(hits),
+               "runs": len(rs), "time_to_target_s": ttt, "samples_to_target": sps, "s_per_sample": spp,
+               "final": sum(finals) / len(finals) if finals else None}
+        if prev is not None:
+            row["systems_x"] = prev["s_per_sample"] / spp if prev["s_per_sample"] and spp else None
+            row["algorithmic_x"] = (prev["samples_to_target"] / sps
+                                    if prev["samples_to_target"] and sps else None)
+        if first_ttt is None:
+            first_ttt = ttt
+        row["cumulative_x"] = first_ttt / ttt if first_ttt and ttt else None
+        rows.append(row)
+        prev = row
+    lines = [f"# {title}", "", f"Target: `{target}`. One step at a time from the baseline; each row adds one change "
+             "to the row above. systems x: time per sample of the row above / this row (same math, faster steps); "
+             "algorithmic x: samples to target of the row above / this row; cumulative: baseline time to target / "
+             "this row's.", ""]
+    if command:
+        lines += [f"Command: `{command}`", ""]
+    lines += ["| step | status | reached | time to target (s) | samples to target | ms per 1k samples | "
+              "final | systems x | algorithmic x | cumulative x |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        ms = r["s_per_sample"] * 1e6 if r["s_per_sample"] else None
+        lines.append(f"| {r['step']} | {','.join(r['status'])} | {r['reached']}/{r['runs']} | {_f(r['time_to_target_s'], 1)} | "
+                     f"{_f(r['samples_to_target'], 0)} | {_f(ms, 1)} | {_f(r['final'], 4)} | "
+                     f"{_f(r.get('systems_x'), 2)} | {_f(r.get('algorithmic_x'), 2)} | {_f(r.get('cumulative_x'), 2)} |")
+    table = rows
+    return "\n".join(lines) + "\n", table
+
+
+def ladder_plot(rows: list[dict], path: Path) -> Path | None:
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    names = [r["step"] for r in rows]
+    ttt = [r["time_to_target_s"] if r["time_to_target_s"] is not None else math.nan for r in rows]
+    fig, ax = plt.subplots(figsize=(max(6, len(rows) * 0.9), 4))
+    ax.bar(range(len(rows)), ttt, color=["#888" if math.isnan(t) else "#3a7" for t in ttt])
+    for i, r in enumerate(rows):
+        txt = "miss" if r["time_to_target_s"] is None else f"{r['time_to_target_s']:.0f}s"
+        ax.text(i, 0 if math.isnan(ttt[i]) else ttt[i], txt, ha="center", va="bottom", fontsize=8)
+    ax.set_xticks(range(len(rows)), names, rotation=30, ha="right")
+    ax.set_ylabel("time to target (s)")
+    ax.set_title("ladder: cumulative steps from the baseline")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

@@ -1,0 +1,202 @@
+"""Turn run records into the comparison report: tables (markdown), JSON, plots.
+
+Timing rules (docs/bench.md):
+- time to target = training time at the first evaluation that meets the target, minus the
+  measured warm-up (extra time of the first step: compilation, allocator warm-up), plus
+  method set-up computed from data (counted as part of a method's cost);
+- evaluations that only watch for the target are timed separately and never counted;
+- data loading into memory is reported separately;
+- runs that never reach the target are misses, shown in the table;
+- the fixed-budget view compares final metric and timed training duration.
+"""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+from .stats import describe, ratio_ci, welch_t_test
+from .target import Target
+
+
+def latest_per_run(runs: list[dict]) -> list[dict]:
+    by_key = {}
+    for r in runs:
+        by_key[(r["label"], r["seed"])] = r
+    return list(by_key.values())
+
+
+def _warmup(r: dict) -> float:
+    return (r.get("final") or {}).get("warmup_s", 0.0)
+
+
+def timed_duration(r: dict) -> float | None:
+    """Timed training work of a whole run: training minus warm-up plus method set-up."""
+    f = r.get("final")
+    if not f:
+        return None
+    return f["train_s"] - f["warmup_s"] + f.get("method_setup_s", 0.0)
+
+
+def final_metric(r: dict, metric: str) -> float | None:
+    f = r.get("final")
+    if f and metric in f["metrics"]:
+        return f["metrics"][metric]
+    evals = [e for e in r.get("evals", []) if metric in e["metrics"]]
+    return evals[-1]["metrics"][metric] if evals else None
+
+
+def time_to_target(r: dict, target: Target) -> dict | None:
+    for e in r.get("evals", []):
+        v = e["metrics"].get(target.metric)
+        if v is not None and target.reached(v):
+            return {"seconds": e["train_s"] - _warmup(r) + e.get("method_setup_s", 0.0),
+                    "samples": e["sample"], "tokens": e["token"], "batch": e["batch"]}
+    return None
+
+
+def resolve_target(target: Target, runs: list[dict], first_label: str) -> Target:
+    if not target.from_first:
+        return target
+    vals = [final_metric(r, target.metric) for r in runs if r["label"] == first_label]
+    vals = [v for v in vals if v is not None]
+    if not vals:
+        raise ValueError(f"cannot resolve {target.metric}@first: no finished run of {first_label}")
+    return Target(target.metric, target.op, sum(vals) / len(vals), True)
+
+
+def analyse(runs: list[dict], labels: list[str], target: Target) -> dict:
+    runs = latest_per_run(runs)
+    target = resolve_target(target, runs, labels[0])
+    out = {"target": str(target), "target_value": target.value, "metric": target.metric, "recipes": {}}
+    per = {}
+    for label in labels:
+        rs = sorted((r for r in runs if r["label"] == label), key=lambda r: r["seed"])
+        hits = [time_to_target(r, target) for r in rs]
+        ttt = [h["seconds"] for h in hits if h]
+        finals = [v for v in (final_metric(r, target.metric) for r in rs) if v is not None]
+        timed = [t for t in (timed_duration(r) for r in rs) if t is not None]
+        fin = [r["final"] for r in rs if r.get("final")]
+        per[label] = {"ttt": ttt, "finals": finals, "timed": timed}
+        out["recipes"][label] = {
+            "runs": len(rs), "reached": len(ttt), "statuses": [r["status"] for r in rs], "seeds": [r["seed"] for r in rs],
+            "time_to_target_s": describe(ttt),
+            "samples_to_target": describe([h["samples"] for h in hits if h]),
+            "final_metric": describe(finals), "timed_duration_s": describe(timed),
+            "warmup_s": describe([f["warmup_s"] for f in fin]), "eval_s": describe([f["eval_s"] for f in fin]),
+            "data_setup_s": describe([f["data_setup_s"] for f in fin]),
+            "method_setup_s": describe([f.get("method_setup_s", 0.0) for f in fin]),
+            "samples": describe([f["sample"] for f in fin]), "tokens": describe([f["token"] for f in fin]),
+            "peak_memory_mb": describe([f["peak_memory_bytes"] / 2**20 for f in fin]),
+        }
+    base = per[labels[0]]
+    for label in labels:
+        rec, p = out["recipes"][label], per[label]
+        rec["speedup_time_to_target"] = ratio_ci(base["ttt"], p["ttt"]) if len(base["ttt"]) and len(p["ttt"]) else None
+        rec["speedup_timed_duration"] = ratio_ci(base["timed"], p["timed"]) if base["timed"] and p["timed"] else None
+        rec["metric_welch_vs_first"] = welch_t_test(p["finals"], base["finals"])
+    machines = {json.dumps(r["final"]["machine"], sort_keys=True) for r in runs if r.get("final")}
+    out["machines"] = [json.loads(m) for m in machines]
+    return out
+
+
+def _f(x, digits=3):
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return "–"
+    return f"{x:.{digits}f}"
+
+
+def _ci(c):
+    if not c or math.isnan(c["ratio"]):
+        return "–"
+    if math.isnan(c["low"]):
+        return f"{c['ratio']:.3f}x"
+    return f"{c['ratio']:.3f}x [{c['low']:.3f}, {c['high']:.3f}]"
+
+
+def markdown(analysis: dict, title: str, command: str | None = None) -> str:
+    m = analysis["metric"]
+    lines = [f"# {title}", "", f"Target: `{analysis['target']}`. Times in seconds of timed work "
+             "(training minus one-off warm-up, plus method set-up; evaluations and data loading excluded). "
+             "Speedups are versus the first row: ratio of geometric means with a 95% interval "
+             "(Welch t-interval on log times). p: Welch's t-test on the final metric versus the first row.", ""]
+    if command:
+        lines += [f"Command: `{command}`", ""]
+    lines += ["## Time to target", "",
+              "| recipe | reached | mean | std | min | max | speedup [95% CI] |", "|---|---|---|---|---|---|---|"]
+    for label, r in analysis["recipes"].items():
+        t = r["time_to_target_s"]
+        lines.append(f"| {label} | {r['reached']}/{r['runs']} | {_f(t['mean'], 1)} | {_f(t['std'], 1)} | "
+                     f"{_f(t['min'], 1)} | {_f(t['max'], 1)} | {_ci(r['speedup_time_to_target'])} |")
+    lines += ["", "## Fixed budget", "",
+              f"| recipe | final {m} mean ± std (min–max) | p | timed s mean ± std | speedup [95% CI] "
+              "| warm-up s | eval s | data set-up s | samples | tokens | peak MB |",
+              "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for label, r in analysis["recipes"].items():
+        fm, td = r["final_metric"], r["timed_duration_s"]
+        p = r["metric_welch_vs_first"]["p"]
+        lines.append(
+            f"| {label} | {_f(fm['mean'], 4)} ± {_f(fm['std'], 4)} ({_f(fm['min'], 4)}–{_f(fm['max'], 4)}) | "
+            f"{_f(p, 3)} | {_f(td['mean'], 1)} ± {_f(td['std'], 1)} | {_ci(r['speedup_timed_duration'])} | "
+            f"{_f(r['warmup_s']['mean'], 2)} | {_f(r['eval_s']['mean'], 1)} | {_f(r['data_setup_s']['mean'], 1)} | "
+            f"{_f(r['samples']['mean'], 0)} | {_f(r['tokens']['mean'], 0)} | {_f(r['peak_memory_mb']['mean'], 0)} |")
+    for mach in analysis.get("machines", []):
+        lines += ["", f"Machine: {mach.get('cpu')}, {mach.get('cores')} cores, {mach.get('threads')} threads, "
+                  f"torch {mach.get('torch')}, hasten {mach.get('hasten')}"
+                  + (f", GPU {mach['cuda']}" if mach.get("cuda") else "")]
+    return "\n".join(lines) + "\n"
+
+
+def plot(runs: list[dict], labels: list[str], analysis: dict, path: Path) -> Path | None:
+    """Metric versus timed training per run, and the time/quality Pareto view."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    metric, tv = analysis["metric"], analysis["target_value"]
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.5))
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for i, label in enumerate(labels):
+        c = colors[i % len(colors)]
+        for j, r in enumerate(sorted((r for r in latest_per_run(runs) if r["label"] == label), key=lambda r: r["seed"])):
+            pts = [(e["train_s"] - _warmup(r) + e.get("method_setup_s", 0.0), e["metrics"][metric])
+                   for e in r.get("evals", []) if metric in e["metrics"]]
+            if pts:
+                ax1.plot(*zip(*pts), color=c, alpha=0.7, marker=".", label=label if j == 0 else None)
+            td, fm = timed_duration(r), final_metric(r, metric)
+            if td is not None and fm is not None:
+                ax2.scatter(td, fm, color=c, alpha=0.5, s=18)
+        rec = analysis["recipes"][label]
+        if rec["timed_duration_s"]["n"]:
+            ax2.errorbar(rec["timed_duration_s"]["mean"], rec["final_metric"]["mean"],
+                         xerr=rec["timed_duration_s"]["std"], yerr=rec["final_metric"]["std"], color=c, marker="D",
+                         markersize=8, capsize=3, label=label)
+    for ax in (ax1, ax2):
+        if tv is not None:
+            ax.axhline(tv, color="gray", ls="--", lw=1, label="target")
+        ax.set_xlabel("timed training (s)")
+        ax.set_ylabel(metric)
+        ax.grid(alpha=0.3)
+    ax1.set_title("metric vs time, every run")
+    ax2.set_title("time / quality (runs and mean ± std)")
+    ax1.legend(fontsize=8)
+    ax2.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def write_report(runs: list[dict], labels: list[str], target: Target, out_dir: Path, title: str,
+                 command: str | None = None) -> dict:
+    analysis = analyse(runs, labels, target)
+    analysis["command"] = command
+    (out_dir / "report.json").write_text(json.dumps(analysis, indent=2) + "\n")
+    md = markdown(analysis, title, command)
+    png = plot(runs, labels, analysis, out_dir / "report.png")
+    if png:
+        md += f"\n![metric versus time and the Pareto view]({png.name})\n"
+    (out_dir / "report.md").write_text(md)
+    return analysis

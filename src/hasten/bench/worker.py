@@ -1,0 +1,115 @@
+"""One benchmark run, in its own process: build the recipe, train, record timings.
+
+    python -m hasten.bench.worker SPEC.json OUT.jsonl
+
+SPEC holds {recipe, overrides, seed}. OUT receives one JSON line per evaluation as it
+happens (so a run stopped by the time cap keeps its history) and a final line with the
+totals: data set-up, warm-up, training, evaluation and method set-up seconds, samples,
+tokens, peak memory and a description of the machine.
+"""
+from __future__ import annotations
+
+import json
+import os
+import platform
+import resource
+import sys
+import time
+
+import torch
+
+from ..core import Callback
+
+
+class BenchRecorder(Callback):
+    """Times evaluations, the first (warm-up) batch and the steady state; writes evaluations."""
+
+    def __init__(self, out):
+        self.out = out
+        self.eval_s = 0.0
+        self.first_batch_s = None
+        self._t_eval = None
+
+    def _write(self, row):
+        self.out.write(json.dumps(row) + "\n")
+        self.out.flush()
+
+    def batch_end(self, state, logger):
+        if self.first_batch_s is None:
+            self.first_batch_s = state.timestamp.train_seconds
+
+    def eval_start(self, state, logger):
+        if state.device.type == "cuda":
+            torch.cuda.synchronize()
+        self._t_eval = time.perf_counter()
+
+    def eval_end(self, state, logger):
+        if state.device.type == "cuda":
+            torch.cuda.synchronize()
+        dt = time.perf_counter() - self._t_eval
+        self.eval_s += dt
+        ts = state.timestamp
+        self._write({"kind": "eval", "train_s": ts.train_seconds, "batch": ts.batch, "sample": ts.sample,
+                     "token": ts.token, "eval_s": dt, "metrics": dict(state.eval_metrics),
+                     "method_setup_s": float(state.extra.get("bench/method_setup_s", 0.0))})
+
+    def warmup_s(self, state) -> float:
+        """Extra time of the first batch over the mean of the others (compile, allocator warm-up)."""
+        ts = state.timestamp
+        if self.first_batch_s is None or ts.batch < 2:
+            return 0.0
+        steady = (ts.train_seconds - self.first_batch_s) / (ts.batch - 1)
+        return max(0.0, self.first_batch_s - steady)
+
+
+def machine() -> dict:
+    cpu = platform.processor()
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), cpu)
+    except OSError:
+        pass
+    return {"cpu": cpu, "cores": os.cpu_count(), "threads": torch.get_num_threads(), "python": platform.python_version(),
+            "torch": torch.__version__, "cuda": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
+            "hasten": __import__("hasten").__version__, "platform": platform.platform()}
+
+
+def main(spec_path: str, out_path: str) -> int:
+    from ..build import build_run
+    from ..config import load_recipe
+    with open(spec_path) as f:
+        spec = json.load(f)
+    overrides = list(spec.get("overrides", [])) + [
+        f"trainer.seed={spec['seed']}", f"trainer.run_dir={spec['run_dir']}", "trainer.progress_bar=false",
+        "trainer.tensorboard=false", "trainer.checkpoints=false"]
+    t0 = time.perf_counter()
+    recipe = load_recipe(spec["recipe"], overrides)
+    with open(out_path, "a") as out:
+        run = build_run(recipe, progress_bar=False, console_logger=False)
+        data_setup_s = time.perf_counter() - t0
+        rec = BenchRecorder(out)
+        state = run.trainer.state
+        state.callbacks.append(rec)
+        run.trainer.engine.rebuild()
+        if state.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats()
+        t1 = time.perf_counter()
+        run.trainer.fit()
+        if state.device.type == "cuda":
+            torch.cuda.synchronize()
+        fit_wall = time.perf_counter() - t1
+        run.trainer.close()
+        ts = state.timestamp
+        peak = (torch.cuda.max_memory_allocated() if state.device.type == "cuda"
+                else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
+        out.write(json.dumps({
+            "kind": "final", "metrics": dict(state.eval_metrics), "batch": ts.batch, "sample": ts.sample,
+            "token": ts.token, "train_s": ts.train_seconds, "warmup_s": rec.warmup_s(state), "eval_s": rec.eval_s,
+            "data_setup_s": data_setup_s, "method_setup_s": float(state.extra.get("bench/method_setup_s", 0.0)),
+            "fit_wall_s": fit_wall, "total_wall_s": time.perf_counter() - t0, "peak_memory_bytes": peak,
+            "stop_reason": state.stop_reason, "device": str(state.device), "machine": machine()}) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1], sys.argv[2]))
