@@ -15,13 +15,18 @@ from .callbacks import LRMonitor, ProgressBar, SpeedMonitor
 from .config import OptimizerConfig, Recipe, to_dict
 from .loggers import ConsoleLogger, JSONLLogger
 from .optim import LRSchedule, param_groups
+from .optim.muon import muon_optimizers
 from .tasks import TASKS
 from .tasks.base import Built
 from .trainer import Trainer
 from .utils import resolve_device
 
 
-def build_optimizer(cfg: OptimizerConfig, model: torch.nn.Module, device: torch.device) -> torch.optim.Optimizer:
+def build_optimizer(cfg: OptimizerConfig, model: torch.nn.Module, device: torch.device):
+    if cfg.name == "muon":
+        return muon_optimizers(model, muon_lr=cfg.muon_lr, muon_momentum=cfg.muon_momentum,
+                               muon_weight_decay=cfg.muon_weight_decay, adam_lr=cfg.lr, adam_betas=cfg.betas,
+                               adam_weight_decay=cfg.weight_decay, adjust_lr_fn=cfg.muon_adjust_lr, fused=cfg.fused)
     groups = param_groups(model, cfg.weight_decay, cfg.decay_min_dim, tuple(cfg.no_decay))
     fused = cfg.fused if cfg.fused is not None else device.type in ("cpu", "cuda")
     if cfg.name == "sgd":

@@ -61,7 +61,7 @@ class TrainerConfig:
 
 @dataclass
 class OptimizerConfig:
-    name: Literal["sgd", "adamw", "adam"] = "adamw"
+    name: Literal["sgd", "adamw", "adam", "muon"] = "adamw"   # muon: Muon for hidden matrices + AdamW (lr, betas) for the rest
     lr: float = 1e-3
     momentum: float = 0.9
     nesterov: bool = False
@@ -71,6 +71,10 @@ class OptimizerConfig:
     decay_min_dim: int = 2               # parameters with fewer dimensions get no weight decay
     no_decay: list[str] = field(default_factory=list)  # name patterns without weight decay
     fused: Optional[bool] = None         # default: fused when the device supports it
+    muon_lr: float = 0.02
+    muon_momentum: float = 0.95
+    muon_weight_decay: float = 0.0
+    muon_adjust_lr: Optional[str] = None   # torch.optim.Muon adjust_lr_fn: None/'original' or 'match_rms_adamw'
 
 
 @dataclass

@@ -2,9 +2,12 @@
 
 REGISTRY maps the names used in recipes to Algorithm classes.
 """
+from .batch_size_warmup import BatchSizeWarmup, take_batch
 from .delay import Delay
 from .ema import EMA, ema_update
+from .seq_len_warmup import SeqLenWarmup, reshape_sequences
 
-REGISTRY = {"ema": EMA, "delay": Delay}
+REGISTRY = {"ema": EMA, "delay": Delay, "seq_len_warmup": SeqLenWarmup, "batch_size_warmup": BatchSizeWarmup}
 
-__all__ = ["Delay", "EMA", "REGISTRY", "ema_update"]
+__all__ = ["BatchSizeWarmup", "Delay", "EMA", "REGISTRY", "SeqLenWarmup", "ema_update", "reshape_sequences",
+           "take_batch"]

@@ -60,6 +60,16 @@ def load_runs(path: Path) -> list[dict]:
     return runs
 
 
+def _drop_torn_tail(path: Path) -> None:
+    """A bench killed while appending leaves a partial last line: cut it so the next
+    record starts on a line of its own (that run is then redone)."""
+    if not path.is_file():
+        return
+    data = path.read_bytes()
+    if data and not data.endswith(b"\n"):
+        path.write_bytes(data[: data.rfind(b"\n") + 1])
+
+
 def _read_worker_output(path: Path) -> tuple[list[dict], dict | None]:
     evals, final = [], None
     if path.is_file():
@@ -113,6 +123,7 @@ def run_comparison(specs: list[Spec], seeds: list[int], out_dir: Path, cap_s: fl
     console = console or Console(stderr=True)
     out_dir.mkdir(parents=True, exist_ok=True)
     runs_file = out_dir / "runs.jsonl"
+    _drop_torn_tail(runs_file)
     done = {(r["label"], r["seed"]) for r in load_runs(runs_file) if r.get("status") in ("ok", "capped")}
     todo = [(s, seed) for seed in seeds for s in specs if (s.label, seed) not in done]
     if done:

@@ -100,6 +100,8 @@ def ratio_ci(base: list[float], other: list[float], level: float = 0.95) -> dict
     if len(lb) < 2 or len(lo) < 2:
         return {"ratio": ratio, "low": float("nan"), "high": float("nan"), "n": (len(base), len(other))}
     diff, se, df = _welch(lb, lo)
+    if se == 0:   # every run took exactly the same time: no spread to make an interval from
+        return {"ratio": ratio, "low": ratio, "high": ratio, "df": float("nan"), "n": (len(base), len(other))}
     half = t_ppf(0.5 + level / 2, df) * se
     return {"ratio": ratio, "low": math.exp(diff - half), "high": math.exp(diff + half), "df": df,
             "n": (len(base), len(other))}

@@ -1,0 +1,45 @@
+"""Batch-size warm-up: small batches first, the full batch later.
+
+Functional form: `take_batch(batch, n)` keeps the first n samples of every tensor in a
+batch. Early in training the gradient noise scale is small, so small batches make about
+as much progress per sample at a fraction of the cost (McCandlish et al., 2018; GPT-3
+used a batch-size ramp). The Algorithm grows the batch linearly from `start_fraction` of
+the loader's batch to all of it over `duration`, in multiples of `multiple`.
+"""
+from __future__ import annotations
+
+import torch
+
+from ..core import Algorithm, Event, Time
+
+
+def take_batch(batch, n: int):
+    if isinstance(batch, torch.Tensor):
+        return batch[:n]
+    if isinstance(batch, (list, tuple)):
+        return type(batch)(take_batch(b, n) for b in batch)
+    if isinstance(batch, dict):
+        return {k: take_batch(v, n) for k, v in batch.items()}
+    return batch
+
+
+class BatchSizeWarmup(Algorithm):
+    events = (Event.AFTER_DATALOADER,)
+
+    def __init__(self, start_fraction: float = 0.25, duration: str = "0.2dur", multiple: int = 1):
+        if not 0 < start_fraction <= 1:
+            raise ValueError("start_fraction must lie in (0, 1]")
+        self.start_fraction, self.duration, self.multiple = start_fraction, Time.parse(duration), max(1, multiple)
+        self._frac = None
+
+    def apply(self, event, state, logger):
+        if self._frac is None:
+            self._frac = state.fraction_of(self.duration)
+        p = state.progress / self._frac if self._frac else 1.0
+        if p >= 1.0:
+            return
+        full = state.batch[0].shape[0] if isinstance(state.batch, (list, tuple)) else len(state.batch)
+        frac = self.start_fraction + (1 - self.start_fraction) * p
+        n = max(self.multiple, int(full * frac) // self.multiple * self.multiple)
+        if n < full:
+            state.batch = take_batch(state.batch, n)

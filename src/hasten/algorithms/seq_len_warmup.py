@@ -1,0 +1,55 @@
+"""Sequence-length warm-up: train on short sequences first, then lengthen them.
+
+Functional form: `reshape_sequences(inputs, targets, length)` cuts every sequence of a
+(batch, T) pair into T // length sequences of `length` tokens: no token is dropped, the
+batch just holds more, shorter rows (T must be a multiple of `length`). Short sequences
+make early steps cheaper (attention is quadratic in length) and, per Li et al. (2022,
+"The stability-efficiency dilemma"), stabilise large learning rates early on.
+
+The Algorithm grows the length linearly from `start` to the data's length over
+`duration` (typed time), in multiples of `step`.
+"""
+from __future__ import annotations
+
+import torch
+
+from ..core import Algorithm, Event, Time
+
+
+def reshape_sequences(inputs: torch.Tensor, targets: torch.Tensor, length: int):
+    B, T = inputs.shape[:2]
+    if length >= T:
+        return inputs, targets
+    if T % length:
+        raise ValueError(f"sequence length {T} is not a multiple of {length}")
+    return inputs.reshape(B * (T // length), length), targets.reshape(B * (T // length), length)
+
+
+def warmup_length(progress_fraction: float, start: int, end: int, step: int) -> int:
+    """Length at a fraction of the warm-up: linear from start to end, rounded down to a
+    multiple of step, and to a divisor of end."""
+    length = start + (end - start) * min(max(progress_fraction, 0.0), 1.0)
+    length = max(step, int(length // step * step))
+    while end % length:
+        length -= step
+    return max(length, 1)
+
+
+class SeqLenWarmup(Algorithm):
+    events = (Event.AFTER_DATALOADER,)
+
+    def __init__(self, start: int = 8, step: int = 8, duration: str = "0.3dur"):
+        if start < 1 or step < 1:
+            raise ValueError("start and step must be >= 1")
+        self.start, self.step, self.duration = start, step, Time.parse(duration)
+        self._frac = None
+
+    def apply(self, event, state, logger):
+        if self._frac is None:
+            self._frac = state.fraction_of(self.duration)
+        p = state.progress / self._frac if self._frac else 1.0
+        if p >= 1.0:
+            return
+        x, y = state.batch
+        length = warmup_length(p, self.start, x.shape[1], self.step)
+        state.batch = reshape_sequences(x, y, length)

@@ -1,0 +1,126 @@
+"""The time-to-quality harness: statistics, target detection, interleaving, resume, reports,
+and that it detects a known slowdown (and no slowdown where there is none)."""
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from hasten.bench import report as R
+from hasten.bench import runner
+from hasten.bench.ladder import ladder_specs, ladder_steps
+from hasten.bench.stats import betainc, ratio_ci, t_ppf, t_sf, welch_t_test
+from hasten.bench.target import Target
+from hasten.cli import main
+
+TINY = Path(__file__).parent / "helpers" / "tiny_lm.yaml"
+scipy_stats = pytest.importorskip("scipy.stats")
+
+
+def test_t_distribution_and_welch_match_scipy():
+    for df in (1.5, 2, 3.7, 10, 50):
+        assert t_ppf(0.975, df) == pytest.approx(scipy_stats.t.ppf(0.975, df), rel=1e-9)
+        assert t_sf(1.3, df) == pytest.approx(scipy_stats.t.sf(1.3, df), rel=1e-9)
+    assert betainc(2.5, 0.5, 0.3) == pytest.approx(__import__("scipy.special").special.betainc(2.5, 0.5, 0.3), rel=1e-10)
+    a, b = [1.2, 1.5, 1.1, 1.3], [2.0, 2.4, 2.1]
+    ours, theirs = welch_t_test(a, b), scipy_stats.ttest_ind(a, b, equal_var=False)
+    assert ours["t"] == pytest.approx(theirs.statistic) and ours["p"] == pytest.approx(theirs.pvalue, rel=1e-9)
+
+
+def test_ratio_interval_is_the_exponentiated_welch_interval_of_log_times():
+    base, other = [10.2, 9.7, 10.9], [5.1, 5.6, 4.9]
+    ci = ratio_ci(base, other)
+    res = scipy_stats.ttest_ind([math.log(x) for x in base], [math.log(x) for x in other], equal_var=False)
+    lo, hi = res.confidence_interval(0.95)
+    assert (ci["low"], ci["high"]) == (pytest.approx(math.exp(lo)), pytest.approx(math.exp(hi)))
+    assert ci["ratio"] == pytest.approx(math.exp(sum(map(math.log, base)) / 3 - sum(map(math.log, other)) / 3))
+
+
+def test_target_parsing():
+    t = Target.parse("val/acc>=0.908")
+    assert (t.metric, t.op, t.value) == ("val/acc", ">=", 0.908) and t.reached(0.91) and not t.reached(0.9)
+    assert Target.parse("val/loss<=@first").from_first
+    with pytest.raises(ValueError, match="METRIC>=VALUE"):
+        Target.parse("val/acc>0.9")
+
+
+def _run(label, seed, evals, warmup=0.5, final=True, status="ok"):
+    ev = [{"kind": "eval", "train_s": t, "batch": i, "sample": 100 * (i + 1), "token": 0, "eval_s": 0.1,
+           "metrics": {"val/acc": m}} for i, (t, m) in enumerate(evals)]
+    fin = {"kind": "final", "metrics": {"val/acc": evals[-1][1]}, "train_s": evals[-1][0], "warmup_s": warmup,
+           "eval_s": 0.1 * len(evals), "data_setup_s": 1.0, "method_setup_s": 0.0, "sample": 100 * len(evals),
+           "token": 0, "batch": len(evals), "peak_memory_bytes": 2**20, "machine": {"cpu": "x"}} if final else None
+    return {"label": label, "seed": seed, "status": status, "evals": ev, "final": fin}
+
+
+def test_time_to_target_is_the_first_evaluation_past_it_minus_warmup():
+    r = _run("a", 0, [(10, 0.80), (20, 0.91), (30, 0.95)], warmup=2.0)
+    assert R.time_to_target(r, Target.parse("val/acc>=0.9"))["seconds"] == 18.0
+    assert R.time_to_target(r, Target.parse("val/acc>=0.99")) is None
+    assert R.timed_duration(r) == 28.0
+
+
+def test_analysis_counts_misses_and_resolves_first_target(tmp_path):
+    runs = [_run("a", s, [(10, 0.85), (20, 0.90 + 0.01 * s)]) for s in range(3)]
+    runs += [_run("b", s, [(5, 0.90 + 0.02 * s), (10, 0.92)]) for s in range(3)]
+    runs += [_run("c", s, [(50, 0.5)], status="capped", final=False) for s in range(2)]
+    res = R.write_report(runs, ["a", "b", "c"], Target.parse("val/acc>=@first"), tmp_path, "t")
+    assert res["target_value"] == pytest.approx(0.91)
+    assert res["recipes"]["a"]["reached"] == 2 and res["recipes"]["c"]["reached"] == 0
+    assert res["recipes"]["b"]["speedup_time_to_target"]["ratio"] > 1
+    md = (tmp_path / "report.md").read_text()
+    assert "| c | 0/2 |" in md and "| a | 2/3 |" in md
+    assert (tmp_path / "report.png").stat().st_size > 1000
+    assert json.loads((tmp_path / "report.json").read_text())["metric"] == "val/acc"
+
+
+def test_runs_interleave_and_a_rerun_continues(tmp_path, monkeypatch):
+    calls = []
+
+    def fake(spec, seed, out_dir, cap_s=None):
+        calls.append((spec.label, seed))
+        return _run(spec.label, seed, [(1.0, 0.5)])
+
+    monkeypatch.setattr(runner, "run_one", fake)
+    specs = runner.unique_labels([runner.Spec.parse("x"), runner.Spec.parse("x"), runner.Spec.parse("y+optimizer.lr=1")])
+    assert [s.label for s in specs] == ["x", "x #2", "y+optimizer.lr=1"] and specs[2].overrides == ["optimizer.lr=1"]
+    runner.run_comparison(specs[:2], [0, 1], tmp_path)
+    assert calls == [("x", 0), ("x #2", 0), ("x", 1), ("x #2", 1)]   # A B A B, seeds paired
+    with open(tmp_path / "runs.jsonl") as f:
+        lines = f.readlines()
+    (tmp_path / "runs.jsonl").write_text("".join(lines[:3]) + lines[3][:20])   # a bench killed mid-write
+    calls.clear()
+    runs = runner.run_comparison(specs[:2], [0, 1, 2], tmp_path)
+    assert calls == [("x #2", 1), ("x", 2), ("x #2", 2)]
+    assert len(R.latest_per_run(runs)) == 6
+
+
+def test_ladder_steps_from_a_recipe_diff(tmp_path):
+    fast = tmp_path / "fast.yaml"
+    fast.write_text("base: shakespeare-char-baseline\noptimizer: {lr: 0.002}\ntrainer: {precision: bf16-mixed}\n"
+                    "algorithms: {ema: {decay: 0.99}}\n")
+    steps = dict(ladder_steps("shakespeare-char-baseline", str(fast)))
+    assert steps == {"trainer": ["trainer.precision=bf16-mixed"], "optimizer": ["optimizer.lr=0.002"],
+                     "ema": ['algorithms.ema={"decay": 0.99}']}
+    specs = ladder_specs("shakespeare-char-baseline", str(fast), order=["ema", "trainer", "optimizer"])
+    assert [n for n, _ in specs] == ["baseline", "ema", "trainer", "optimizer"]
+    assert specs[-1][1].overrides == ['algorithms.ema={"decay": 0.99}', "trainer.precision=bf16-mixed", "optimizer.lr=0.002"]
+    with pytest.raises(ValueError, match="not steps"):
+        ladder_steps("shakespeare-char-baseline", str(fast), order=["nope"])
+
+
+def test_harness_detects_a_known_slowdown_and_not_a_phantom_one(tmp_path, capsys):
+    """Real runs in their own processes: the same recipe against itself must give an
+    interval containing 1.0; with a 10 ms per-step delay the interval must exclude 1.0."""
+    code = main(["bench", str(TINY), str(TINY), f"{TINY}+algorithms.delay.seconds=0.01", "--target",
+                 "val/loss<=3.99", "--seeds", "3", "--out", str(tmp_path), "--name", "t"])
+    assert code == 0
+    res = json.loads((tmp_path / "t" / "report.json").read_text())
+    same = res["recipes"]["tiny_lm #2"]["speedup_timed_duration"]
+    slow = res["recipes"]["tiny_lm+algorithms.delay.seconds=0.01"]["speedup_timed_duration"]
+    assert same["low"] <= 1.0 <= same["high"], same
+    assert slow["high"] < 1.0, slow
+    # 40 steps of 10 ms: the slowed runs take at least 0.4 s more per run
+    td = {k: v["timed_duration_s"]["mean"] for k, v in res["recipes"].items()}
+    assert td["tiny_lm+algorithms.delay.seconds=0.01"] - td["tiny_lm"] >= 0.38
+    assert "| tiny_lm | " in capsys.readouterr().out
