@@ -26,7 +26,8 @@ def build_optimizer(cfg: OptimizerConfig, model: torch.nn.Module, device: torch.
     if cfg.name == "muon":
         return muon_optimizers(model, muon_lr=cfg.muon_lr, muon_momentum=cfg.muon_momentum,
                                muon_weight_decay=cfg.muon_weight_decay, adam_lr=cfg.lr, adam_betas=cfg.betas,
-                               adam_weight_decay=cfg.weight_decay, adjust_lr_fn=cfg.muon_adjust_lr, fused=cfg.fused)
+                               adam_weight_decay=cfg.weight_decay, adjust_lr_fn=cfg.muon_adjust_lr, fused=cfg.fused,
+                               ns_steps=cfg.muon_ns_steps)
     groups = param_groups(model, cfg.weight_decay, cfg.decay_min_dim, tuple(cfg.no_decay))
     fused = cfg.fused if cfg.fused is not None else device.type in ("cpu", "cuda")
     if cfg.name == "sgd":

@@ -74,6 +74,7 @@ class OptimizerConfig:
     muon_lr: float = 0.02
     muon_momentum: float = 0.95
     muon_weight_decay: float = 0.0
+    muon_ns_steps: int = 5                 # Newton-Schulz iterations per update
     muon_adjust_lr: Optional[str] = None   # torch.optim.Muon adjust_lr_fn: None/'original' or 'match_rms_adamw'
 
 

@@ -75,12 +75,14 @@ class ConvMuon(torch.optim.Muon):
 def muon_optimizers(model: torch.nn.Module, muon_lr: float = 0.02, muon_momentum: float = 0.95,
                     muon_weight_decay: float = 0.0, adam_lr: float = 3e-3, adam_betas=(0.9, 0.95),
                     adam_weight_decay: float = 0.0, exclude: tuple[str, ...] = DEFAULT_EXCLUDE,
-                    adjust_lr_fn: str | None = None, fused: bool | None = None) -> list[torch.optim.Optimizer]:
+                    adjust_lr_fn: str | None = None, fused: bool | None = None,
+                    ns_steps: int = 5) -> list[torch.optim.Optimizer]:
     hidden, other = split_for_muon(model, exclude)
     opts = []
     if hidden:
         ps = [p for _, p in hidden]
-        kw = dict(lr=muon_lr, momentum=muon_momentum, weight_decay=muon_weight_decay, adjust_lr_fn=adjust_lr_fn)
+        kw = dict(lr=muon_lr, momentum=muon_momentum, weight_decay=muon_weight_decay, adjust_lr_fn=adjust_lr_fn,
+                  ns_steps=ns_steps)
         opts.append(torch.optim.Muon(ps, **kw) if all(p.ndim == 2 for p in ps) else ConvMuon(ps, **kw))
         opts[-1].param_groups[0]["name"] = "muon"
     if other:
