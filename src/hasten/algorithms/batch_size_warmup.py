@@ -30,12 +30,9 @@ class BatchSizeWarmup(Algorithm):
         if not 0 < start_fraction <= 1:
             raise ValueError("start_fraction must lie in (0, 1]")
         self.start_fraction, self.duration, self.multiple = start_fraction, Time.parse(duration), max(1, multiple)
-        self._frac = None
 
     def apply(self, event, state, logger):
-        if self._frac is None:
-            self._frac = state.fraction_of(self.duration)
-        p = state.progress / self._frac if self._frac else 1.0
+        p = state.progress_through(self.duration)
         if p >= 1.0:
             return
         full = state.batch[0].shape[0] if isinstance(state.batch, (list, tuple)) else len(state.batch)

@@ -42,12 +42,9 @@ class SeqLenWarmup(Algorithm):
         if start < 1 or step < 1:
             raise ValueError("start and step must be >= 1")
         self.start, self.step, self.duration = start, step, Time.parse(duration)
-        self._frac = None
 
     def apply(self, event, state, logger):
-        if self._frac is None:
-            self._frac = state.fraction_of(self.duration)
-        p = state.progress / self._frac if self._frac else 1.0
+        p = state.progress_through(self.duration)
         if p >= 1.0:
             return
         x, y = state.batch

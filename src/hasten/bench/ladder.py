@@ -14,7 +14,7 @@ import math
 from pathlib import Path
 
 from ..config import load_recipe, to_dict
-from .report import _f, final_metric, latest_per_run, time_to_target, timed_duration
+from .report import _f, final_metric, pyplot, latest_per_run, time_to_target, timed_duration
 from .runner import Spec
 from .target import Target
 
@@ -119,11 +119,8 @@ def ladder_markdown(runs: list[dict], steps: list[tuple[str, Spec]], target: Tar
 
 
 def ladder_plot(rows: list[dict], path: Path) -> Path | None:
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    plt = pyplot()
+    if plt is None:
         return None
     names = [r["step"] for r in rows]
     ttt = [r["time_to_target_s"] if r["time_to_target_s"] is not None else math.nan for r in rows]

@@ -147,13 +147,21 @@ def markdown(analysis: dict, title: str, command: str | None = None) -> str:
     return "\n".join(lines) + "\n"
 
 
-def plot(runs: list[dict], labels: list[str], analysis: dict, path: Path) -> Path | None:
-    """Metric versus timed training per run, and the time/quality Pareto view."""
+def pyplot():
+    """matplotlib.pyplot on the file-only Agg backend, or None without matplotlib (plots are optional)."""
     try:
         import matplotlib
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
+        return None
+    return plt
+
+
+def plot(runs: list[dict], labels: list[str], analysis: dict, path: Path) -> Path | None:
+    """Metric versus timed training per run, and the time/quality Pareto view."""
+    plt = pyplot()
+    if plt is None:
         return None
     metric, tv = analysis["metric"], analysis["target_value"]
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.5))

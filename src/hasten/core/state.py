@@ -82,6 +82,12 @@ class State:
         raise ValueError(f"cannot convert {t} into a fraction of max_duration={self.max_duration}; "
                          f"state it in {unit.value} or as a fraction ('0.1dur')")
 
+    def progress_through(self, t: "Time | str") -> float:
+        """How far through the first `t` of the run training is: 0 at the start, 1 at `t`
+        and after (warm-ups use it)."""
+        frac = self.fraction_of(t)
+        return min(self.progress / frac, 1.0) if frac > 0 else 1.0
+
     def is_done(self) -> bool:
         ts, unit, total = self.timestamp, self.max_duration.unit, self.max_duration.value
         if unit == TimeUnit.EPOCH:
