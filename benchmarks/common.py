@@ -3,30 +3,18 @@ from __future__ import annotations
 
 import json
 import os
-import platform
 import subprocess
 import sys
 from pathlib import Path
 
-import torch
+from hasten.bench.worker import machine as hasten_machine
 
 RESULTS = Path(__file__).parent / "results"
 
 
 def machine() -> dict:
-    cpu = platform.processor() or ""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    cpu = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
-    return {"python": sys.version.split()[0], "torch": torch.__version__, "cpu": cpu,
-            "cores": os.cpu_count(), "threads": torch.get_num_threads(),
-            "cuda": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
-            "loadavg": os.getloadavg()[0] if hasattr(os, "getloadavg") else None}
+    """hasten's machine description (the one `hasten bench` records), plus the load average."""
+    return {**hasten_machine(), "loadavg": os.getloadavg()[0] if hasattr(os, "getloadavg") else None}
 
 
 def git_commit() -> str | None:

@@ -134,6 +134,16 @@ def capture(state, extra_meta: dict | None = None) -> dict:
     }
 
 
+def save(state, path: "str | os.PathLike", io: CheckpointIO) -> str:
+    """Write a checkpoint of `state` to `path` and record it as the last good one. Raises
+    NonFiniteLossError first if a loss since the last check was NaN/Inf: bad weights are
+    never saved."""
+    state.read_train_loss(reset=False)
+    io.save(capture(state), path)
+    state.last_checkpoint = str(path)
+    return str(path)
+
+
 def restore(state, payload: dict, strict: bool = True) -> dict:
     """Load a payload into the state; returns the metadata."""
     meta = json.loads(payload["meta"])
@@ -182,13 +192,19 @@ def list_checkpoints(folder: "str | os.PathLike") -> list[Path]:
     return [p for _, p in sorted(found)]
 
 
-def find_latest(folder: "str | os.PathLike", io: CheckpointIO | None = None) -> Path | None:
-    """The newest checkpoint in `folder` that loads; unreadable ones are skipped with a warning."""
+def load_latest(folder: "str | os.PathLike", io: CheckpointIO | None = None) -> tuple[Path, dict] | None:
+    """(path, payload) of the newest checkpoint in `folder` that loads; unreadable ones are
+    skipped with a warning."""
     io = io or CheckpointIO()
     for p in reversed(list_checkpoints(folder)):
         try:
-            io.load(p)
-            return p
+            return p, io.load(p)
         except CheckpointError as e:
             warnings.warn(f"skipping unreadable checkpoint: {e}")
     return None
+
+
+def find_latest(folder: "str | os.PathLike", io: CheckpointIO | None = None) -> Path | None:
+    """The newest checkpoint in `folder` that loads."""
+    found = load_latest(folder, io)
+    return found[0] if found else None

@@ -16,7 +16,7 @@ from typing import Any, Callable, Iterable, Sequence
 import torch
 import torch.nn.functional as F
 
-from .checkpoint import CheckpointIO, capture, checkpoint_name, find_latest, restore
+from .checkpoint import CheckpointIO, checkpoint_name, load_latest, restore, save
 from .core import Engine, Event, Interval, State, Time, TimeUnit
 from .data.resumable import epoch_iterator
 from .loggers import LogHub
@@ -135,13 +135,12 @@ class Trainer:
         self.state.forward_model = self._compile(model, compile)
 
         self._sigterm = threading.Event()
-        resume_from = None
-        if autoresume:
-            resume_from = find_latest(save_folder, self.checkpoint_io)
-        if resume_from is None and load_path:
-            resume_from = load_path
-        if resume_from is not None:
-            self.load_checkpoint(resume_from)
+        self._evaluated_at: int | None = None   # batch of the last evaluation during fit
+        latest = load_latest(save_folder, self.checkpoint_io) if autoresume else None
+        if latest is not None:
+            self._restore(*latest)
+        elif load_path:
+            self.load_checkpoint(load_path)
 
     # ------------------------------------------------------------------ set-up helpers
     def _build_optimizers(self, optimizers) -> list:
@@ -188,13 +187,13 @@ class Trainer:
     # ------------------------------------------------------------------ checkpoints
     def save_checkpoint(self, path) -> str:
         """Write a checkpoint of the current state (atomically)."""
-        self.state.read_train_loss(reset=False)  # never save after a non-finite loss
-        self.checkpoint_io.save(capture(self.state), path)
-        self.state.last_checkpoint = str(path)
-        return str(path)
+        return save(self.state, path, self.checkpoint_io)
 
     def load_checkpoint(self, path) -> dict:
-        meta = restore(self.state, self.checkpoint_io.load(path))
+        return self._restore(path, self.checkpoint_io.load(path))
+
+    def _restore(self, path, payload: dict) -> dict:
+        meta = restore(self.state, payload)
         self.state.last_checkpoint = str(path)
         return meta
 
@@ -366,9 +365,8 @@ class Trainer:
     def _finish(self) -> None:
         state = self.state
         self._log_train()
-        if self._has_eval() and state.extra.get("_evaluated_at") != state.timestamp.batch and not self._sigterm.is_set():
+        if self._has_eval() and self._evaluated_at != state.timestamp.batch and not self._sigterm.is_set():
             self._evaluate_during_fit()
-        state.extra["final"] = True
         self.engine.run(FIT_END)
         self.logger.flush(state.timestamp.batch)
 
@@ -385,7 +383,7 @@ class Trainer:
 
     def _evaluate_during_fit(self) -> None:
         self.evaluate()
-        self.state.extra["_evaluated_at"] = self.state.timestamp.batch
+        self._evaluated_at = self.state.timestamp.batch
 
     # ------------------------------------------------------------------ sigterm
     def _install_sigterm(self):

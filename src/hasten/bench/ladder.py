@@ -14,7 +14,7 @@ import math
 from pathlib import Path
 
 from ..config import load_recipe, to_dict
-from .report import _f, final_metric, pyplot, latest_per_run, time_to_target, timed_duration
+from .report import _f, final_metric, header, pyplot, latest_per_run, time_to_target, timed_duration
 from .runner import Spec
 from .target import Target
 
@@ -74,7 +74,7 @@ def ladder_specs(baseline: str, target: str, order: list[str] | None = None, sha
 def ladder_markdown(runs: list[dict], steps: list[tuple[str, Spec]], target: Target, title: str,
                     command: str | None = None) -> tuple[str, list[dict]]:
     runs = latest_per_run(runs)
-    rows, table = [], []
+    rows = []
     prev = None
     first_ttt = None
     for name, spec in steps:
@@ -101,12 +101,10 @@ def ladder_markdown(runs: list[dict], steps: list[tuple[str, Spec]], target: Tar
         row["cumulative_x"] = first_ttt / ttt if first_ttt and ttt else None
         rows.append(row)
         prev = row
-    lines = [f"# {title}", "", f"Target: `{target}`. One step at a time from the baseline; each row adds one change "
-             "to the row above. systems x: time per sample of the row above / this row (same math, faster steps); "
-             "algorithmic x: samples to target of the row above / this row; cumulative: baseline time to target / "
-             "this row's.", ""]
-    if command:
-        lines += [f"Command: `{command}`", ""]
+    lines = header(title, target, "One step at a time from the baseline; each row adds one change to the row above. "
+                   "systems x: time per sample of the row above / this row (same math, faster steps); algorithmic x: "
+                   "samples to target of the row above / this row; cumulative: baseline time to target / this row's.",
+                   command)
     lines += ["| step | status | reached | time to target (s) | samples to target | ms per 1k samples | "
               "final | systems x | algorithmic x | cumulative x |", "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
@@ -114,8 +112,7 @@ def ladder_markdown(runs: list[dict], steps: list[tuple[str, Spec]], target: Tar
         lines.append(f"| {r['step']} | {','.join(r['status'])} | {r['reached']}/{r['runs']} | {_f(r['time_to_target_s'], 1)} | "
                      f"{_f(r['samples_to_target'], 0)} | {_f(ms, 1)} | {_f(r['final'], 4)} | "
                      f"{_f(r.get('systems_x'), 2)} | {_f(r.get('algorithmic_x'), 2)} | {_f(r.get('cumulative_x'), 2)} |")
-    table = rows
-    return "\n".join(lines) + "\n", table
+    return "\n".join(lines) + "\n", rows
 
 
 def ladder_plot(rows: list[dict], path: Path) -> Path | None:

@@ -114,14 +114,21 @@ def _ci(c):
     return f"{c['ratio']:.3f}x [{c['low']:.3f}, {c['high']:.3f}]"
 
 
-def markdown(analysis: dict, title: str, command: str | None = None) -> str:
-    m = analysis["metric"]
-    lines = [f"# {title}", "", f"Target: `{analysis['target']}`. Times in seconds of timed work "
-             "(training minus one-off warm-up, plus method set-up; evaluations and data loading excluded). "
-             "Speedups are versus the first row: ratio of geometric means with a 95% interval "
-             "(Welch t-interval on log times). p: Welch's t-test on the final metric versus the first row.", ""]
+def header(title: str, target, explanation: str, command: str | None = None) -> list[str]:
+    """The opening lines of a report: title, target with how to read the tables, command."""
+    lines = [f"# {title}", "", f"Target: `{target}`. {explanation}", ""]
     if command:
         lines += [f"Command: `{command}`", ""]
+    return lines
+
+
+def markdown(analysis: dict, title: str, command: str | None = None) -> str:
+    m = analysis["metric"]
+    lines = header(title, analysis["target"],
+                   "Times in seconds of timed work (training minus one-off warm-up, plus method set-up; evaluations "
+                   "and data loading excluded). Speedups are versus the first row: ratio of geometric means with a 95% "
+                   "interval (Welch t-interval on log times). p: Welch's t-test on the final metric versus the first row.",
+                   command)
     lines += ["## Time to target", "",
               "| recipe | reached | mean | std | min | max | speedup [95% CI] |", "|---|---|---|---|---|---|---|"]
     for label, r in analysis["recipes"].items():

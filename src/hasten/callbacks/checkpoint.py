@@ -11,7 +11,7 @@ import os
 import tempfile
 from pathlib import Path
 
-from ..checkpoint import CheckpointIO, capture, checkpoint_name
+from ..checkpoint import CheckpointIO, checkpoint_name, save
 from ..core import Callback, Interval, Time
 
 
@@ -44,13 +44,12 @@ class Checkpoint(Callback):
             self.save(state)
 
     def save(self, state) -> str:
-        state.read_train_loss(reset=False)  # raises on a non-finite loss: never save bad weights
+        state.read_train_loss(reset=False)  # check before recording: never list a checkpoint of bad weights
         path = self.folder / checkpoint_name(state)
         metric = state.eval_metrics.get(self.monitor) if self.monitor else None
         self.saved = [s for s in self.saved if s["path"] != str(path)]
         self.saved.append({"path": str(path), "batch": state.timestamp.batch, "metric": metric})
-        self.io.save(capture(state), path)   # the state saved includes self.saved
-        state.last_checkpoint = str(path)
+        save(state, path, self.io)   # the state saved includes self.saved
         self._prune()
         self._write_index()
         return str(path)
@@ -73,12 +72,7 @@ class Checkpoint(Callback):
         self.saved = [s for s in self.saved if s["path"] in keep]
 
     def _write_index(self) -> None:
-        best = None
-        if self.monitor:
-            ranked = [s for s in self.saved if s["metric"] is not None]
-            if ranked:
-                best = (min if self.mode == "min" else max)(ranked, key=lambda s: s["metric"])["path"]
-        data = {"checkpoints": self.saved, "monitor": self.monitor, "best": best}
+        data = {"checkpoints": self.saved, "monitor": self.monitor, "best": self.best_path}
         fd, tmp = tempfile.mkstemp(dir=self.folder, prefix=".index.", suffix=".tmp")
         with os.fdopen(fd, "w") as f:
             json.dump(data, f, indent=1)
