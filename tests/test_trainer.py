@@ -171,35 +171,15 @@ def test_nan_loss_stops_with_the_step_range_and_no_bad_checkpoint(tmp_path):
 
 def test_no_host_sync_inside_training_steps(monkeypatch, tmp_path):
     """Tensor.item, Tensor.cpu and truth-testing raise inside steps that are not log points."""
-    trap = {"on": False, "steps": 0}
-
-    def guard(name, orig):
-        def f(self, *a, **k):
-            if trap["on"]:
-                raise AssertionError(f"host sync: Tensor.{name} inside a training step")
-            return orig(self, *a, **k)
-        return f
-
-    for name in ("item", "cpu", "__bool__", "__float__", "__int__", "tolist", "numpy"):
-        monkeypatch.setattr(torch.Tensor, name, guard(name, getattr(torch.Tensor, name)))
-
-    class Trap(Algorithm):
-        events = (Event.AFTER_DATALOADER, Event.CHECKPOINT)
-
-        def apply(self, event, state, logger):
-            if event == Event.AFTER_DATALOADER:
-                trap["on"] = True
-                trap["steps"] += 1
-            else:
-                trap["on"] = False
-
+    import sync_trap
+    trap = sync_trap.install(monkeypatch)
     from hasten.algorithms import EMA
     tr = Trainer(mlp(dropout=0.1), loader(n=128, batch_size=8, shuffle=True), optimizers=_sgd, max_duration="2ep",
                  device="cpu", grad_clip_norm=1.0, grad_accum=2, log_interval="100ba",
-                 schedulers=[LRSchedule("cosine", warmup="3ba")], algorithms=[Trap(), EMA(decay=0.9)],
+                 schedulers=[LRSchedule("cosine", warmup="3ba")], algorithms=[trap, EMA(decay=0.9)],
                  callbacks=[ProgressBar(), SpeedMonitor(), LRMonitor()], loggers=[JSONLLogger(tmp_path / "m.jsonl")])
     tr.fit()
-    assert trap["steps"] == 32
+    assert trap.steps == 32
     assert tr.state.timestamp.batch == 32
 
 

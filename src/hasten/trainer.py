@@ -133,6 +133,7 @@ class Trainer:
             self.state.scaler = torch.amp.GradScaler(self.device.type)
         self._autocast_dtype = {"bf16-mixed": torch.bfloat16, "fp16-mixed": torch.float16}.get(precision)
         self.state.forward_model = self._compile(model, compile)
+        self.state.batch_fn, self.state.autocast = batch_fn, self._autocast
 
         self._sigterm = threading.Event()
         self._evaluated_at: int | None = None   # batch of the last evaluation during fit

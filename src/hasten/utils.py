@@ -81,3 +81,15 @@ def inputs_targets(batch):
             raise KeyError("a dict batch needs an 'input' key (and a 'target' key for training); "
                            f"got keys {sorted(batch)}. Pass batch_fn= to the Trainer for other layouts.") from None
     return batch, None
+
+
+def index_batch(batch, idx: torch.Tensor):
+    """The samples `idx` (a LongTensor on the batch's device) of a (nested) batch."""
+    if isinstance(batch, torch.Tensor):
+        return batch.index_select(0, idx.to(batch.device)) if batch.dim() else batch
+    if isinstance(batch, (list, tuple)):
+        out = [index_batch(b, idx) for b in batch]
+        return out if isinstance(batch, list) else tuple(out)
+    if isinstance(batch, dict):
+        return {k: index_batch(v, idx) for k, v in batch.items()}
+    return batch

@@ -28,15 +28,20 @@ class ResumableSampler(Sampler):
     def __init__(self, num_samples: int, shuffle: bool = True, seed: int = 0, keyed: bool = False):
         self.num_samples, self.shuffle, self.seed, self.keyed = int(num_samples), shuffle, seed, keyed
         self.epoch, self.skip = 0, 0
+        self.selector = None   # optional: restricts an epoch to selector.indices() (see InfoBatch)
 
     def set_epoch(self, epoch: int, skip: int = 0) -> None:
         self.epoch, self.skip = int(epoch), int(skip)
 
     def order(self, epoch: int) -> torch.Tensor:
+        chosen = self.selector.indices() if self.selector is not None else None
+        n = len(chosen) if chosen is not None else self.num_samples
         if not self.shuffle:
-            return torch.arange(self.num_samples)
-        g = torch.Generator().manual_seed(derive_seed(self.seed, epoch))
-        return torch.randperm(self.num_samples, generator=g)
+            perm = torch.arange(n)
+        else:
+            g = torch.Generator().manual_seed(derive_seed(self.seed, epoch))
+            perm = torch.randperm(n, generator=g)
+        return chosen.cpu()[perm] if chosen is not None else perm
 
     def __iter__(self) -> Iterator:
         idx = self.order(self.epoch)[self.skip:].tolist()
@@ -46,15 +51,18 @@ class ResumableSampler(Sampler):
         return iter(idx)
 
     def __len__(self) -> int:
+        if self.selector is not None and self.selector.indices() is not None:
+            return self.selector.count
         return self.num_samples
 
 
 class TransformDataset(Dataset):
     """`base[i] -> (x, y)`; returns `(transform(x, generator), y)` with a generator seeded by
-    (seed, epoch, i). Indexed by int (epoch 0) or by the (epoch, i) keys of a keyed sampler."""
+    (seed, epoch, i). Indexed by int (epoch 0) or by the (epoch, i) keys of a keyed sampler.
+    With `with_indices`, items are `(x, y, i)`: batches then carry their sample indices."""
 
-    def __init__(self, base, transform: Callable | None, seed: int = 0):
-        self.base, self.transform, self.seed = base, transform, seed
+    def __init__(self, base, transform: Callable | None, seed: int = 0, with_indices: bool = False):
+        self.base, self.transform, self.seed, self.with_indices = base, transform, seed, with_indices
 
     def __len__(self) -> int:
         return len(self.base)
@@ -65,7 +73,7 @@ class TransformDataset(Dataset):
         if self.transform is not None:
             g = torch.Generator().manual_seed(derive_seed(self.seed, epoch, i))
             x = self.transform(x, g)
-        return x, y
+        return (x, y, i) if self.with_indices else (x, y)
 
 
 def _resumable_sampler(loader) -> ResumableSampler | None:

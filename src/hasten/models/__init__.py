@@ -1,6 +1,17 @@
-"""Reference models."""
+"""Reference models, and a registry of them by name (used by recipes and proxies)."""
 from .flops import forward_flops, training_flops_per_sample
 from .gpt import GPT, GPTConfig
 from .resnet import ResNet9
+from .speedrun import SpeedrunNet
 
-__all__ = ["GPT", "GPTConfig", "ResNet9", "forward_flops", "training_flops_per_sample"]
+MODELS = {"resnet9": ResNet9, "speedrun": SpeedrunNet}
+
+
+def build_model(name: str, **kwargs):
+    if name not in MODELS:
+        raise ValueError(f"unknown model {name!r}; choose one of {sorted(MODELS)}")
+    return MODELS[name](**kwargs)
+
+
+__all__ = ["GPT", "GPTConfig", "MODELS", "ResNet9", "SpeedrunNet", "build_model", "forward_flops",
+           "training_flops_per_sample"]

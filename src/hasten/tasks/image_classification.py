@@ -1,4 +1,9 @@
-"""Image classification (CIFAR-10) with the reference conv nets."""
+"""Image classification (CIFAR-10) with the reference conv nets.
+
+Two loaders: `dataloader` (a host DataLoader with worker processes and per-sample
+augmentation: what most users write) and `device` (hasten.data.DeviceLoader: the dataset
+on the training device as uint8, whole-batch augmentation there, no workers).
+"""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -9,24 +14,29 @@ import torchmetrics
 
 from ..config import ConfigError, _suggest, signature_config
 from ..data.cifar import MEAN, STD, load_cifar10
+from ..data.device import DeviceLoader
 from ..data.loaders import TensorPairs, make_dataloader
 from ..data.transforms import Normalize, RandomCropFlip
+from ..models import MODELS
 from ..models.flops import training_flops_per_sample
-from ..models.resnet import ResNet9
+from ..utils import resolve_device
 from .base import Built
-
-MODELS = {"resnet9": ResNet9}
 
 
 @dataclass
 class DataConfig:
     dataset: Literal["cifar10"] = "cifar10"
     path: Optional[str] = None            # local copy: official archive/folder or image-folder zip
+    loader: Literal["dataloader", "device"] = "dataloader"
     batch_size: int = 512
     eval_batch_size: int = 1000
-    num_workers: Optional[int] = None     # default: cores - 1
-    pad: int = 4                          # random-crop padding (0: no crop)
+    num_workers: Optional[int] = None     # dataloader only; default: cores - 1
+    pad: int = 4                          # random crop / translate by up to `pad` pixels (0: none)
+    pad_mode: Literal["constant", "reflect"] = "constant"   # the device loader always reflects
     flip: bool = True
+    alternate_flip: bool = False          # device loader: flip each image in alternate epochs
+    cutout: int = 0                       # device loader: side of the zeroed square (0: none)
+    channels_last: bool = False           # device loader: batches in channels-last memory format
     drop_last: bool = False
 
 
@@ -39,17 +49,33 @@ def model_config(raw: dict) -> dict:
     return {"name": name, **signature_config(MODELS[name].__init__, raw, "model")}
 
 
+def _device_loaders(d: DataConfig, data, seed: int, device):
+    if d.cutout and d.loader != "device":
+        raise ConfigError("data.cutout needs data.loader=device")
+    flip = ("alternate" if d.alternate_flip else "random") if d.flip else "none"
+    common = dict(mean=MEAN, std=STD, device=device, channels_last=d.channels_last, seed=seed)
+    train = DeviceLoader(data.train_x, data.train_y, d.batch_size, translate=d.pad, flip=flip, cutout=d.cutout,
+                         shuffle=True, drop_last=d.drop_last, **common)
+    test = DeviceLoader(data.test_x, data.test_y, d.eval_batch_size, shuffle=False, **common)
+    return train, test
+
+
 def build(recipe) -> Built:
     d: DataConfig = recipe.data
     data = load_cifar10(d.path)
     params = dict(recipe.model)
     model = MODELS[params.pop("name")](**params)
     seed = recipe.trainer.seed
-    train = make_dataloader(TensorPairs(data.train_x, data.train_y), d.batch_size, shuffle=True, seed=seed,
-                            transform=RandomCropFlip(MEAN, STD, pad=d.pad, flip=d.flip),
-                            num_workers=d.num_workers, drop_last=d.drop_last)
-    test = make_dataloader(TensorPairs(data.test_x, data.test_y), d.eval_batch_size, shuffle=False, seed=seed,
-                           transform=Normalize(MEAN, STD), num_workers=d.num_workers)
+    if d.loader == "device":
+        train, test = _device_loaders(d, data, seed, resolve_device(recipe.trainer.device))
+    else:
+        if d.alternate_flip or d.cutout or d.channels_last:
+            raise ConfigError("data.alternate_flip, data.cutout and data.channels_last need data.loader=device")
+        train = make_dataloader(TensorPairs(data.train_x, data.train_y), d.batch_size, shuffle=True, seed=seed,
+                                transform=RandomCropFlip(MEAN, STD, pad=d.pad, flip=d.flip, mode=d.pad_mode),
+                                num_workers=d.num_workers, drop_last=d.drop_last)
+        test = make_dataloader(TensorPairs(data.test_x, data.test_y), d.eval_batch_size, shuffle=False, seed=seed,
+                               transform=Normalize(MEAN, STD), num_workers=d.num_workers)
     flops = training_flops_per_sample(model, torch.zeros(1, 3, *data.train_x.shape[1:3]))
     return Built(model=model, train_dataloader=train, eval_dataloader=test,
                  metrics={"acc": torchmetrics.classification.MulticlassAccuracy(len(data.classes), average="micro")},

@@ -1,0 +1,103 @@
+"""Batch augmentations that run on the training device, for whole (N, C, H, W) batches.
+
+Every function takes its random numbers from an explicit `torch.Generator` on the batch's
+device, uses no data-dependent control flow and no host synchronisation, and keeps the
+batch's dtype and memory format (channels-last in, channels-last out). They are the
+building blocks of `DeviceLoader` and usable in any loop:
+
+    g = torch.Generator(device=x.device).manual_seed(0)
+    x = hf.random_translate(x, 2, g)        # reflect-padded random crop back to size
+    x = hf.random_flip(x, g)
+    x = hf.cutout(x, 8, g)
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def _like(x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    if x.dim() == 4 and x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous():
+        return out.contiguous(memory_format=torch.channels_last)
+    return out
+
+
+def normalize(x: torch.Tensor, mean, std, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """uint8 (N, C, H, W) -> `dtype`, (x - mean) / std per channel (mean, std in 0..255 units)."""
+    mean = torch.as_tensor(mean, dtype=torch.float32, device=x.device).view(1, -1, 1, 1)
+    std = torch.as_tensor(std, dtype=torch.float32, device=x.device).view(1, -1, 1, 1)
+    return ((x.float() - mean) / std).to(dtype)
+
+
+def _reflect(i: torch.Tensor, n: int) -> torch.Tensor:
+    """Reflect indices into [0, n) the way F.pad(mode='reflect') does (edge not repeated)."""
+    i = torch.where(i < 0, -i, i)
+    return torch.where(i >= n, 2 * (n - 1) - i, i)
+
+
+def translate(x: torch.Tensor, dy: torch.Tensor, dx: torch.Tensor, pad: int, mode: str = "reflect",
+              flip: torch.Tensor | None = None) -> torch.Tensor:
+    """Shift image i by (dy[i], dx[i]) pixels in [-pad, pad], filling from a `mode` padding;
+    with a bool vector `flip`, also mirror the flagged images left-right.
+
+    Equivalent to padding by `pad` and cropping back at offset (pad + dy, pad + dx). With
+    reflect padding it is two gathers with reflected indices (any dtype, uint8 included, and
+    the flip folded into the column index); other modes pad first. No loop over images, no
+    host round trip.
+    """
+    n, c, h, w = x.shape
+    rows = torch.arange(h, device=x.device).view(1, h) + dy.view(n, 1)
+    cols = torch.arange(w, device=x.device).view(1, w) + dx.view(n, 1)
+    if mode == "reflect":
+        src, rows, cols = x, _reflect(rows, h), _reflect(cols, w)
+    else:
+        src, rows, cols = F.pad(x, (pad, pad, pad, pad), mode=mode), rows + pad, cols + pad
+    if flip is not None:
+        cols = torch.where(flip.view(n, 1), cols.flip(1), cols)
+    out = torch.gather(src, 2, rows.view(n, 1, h, 1).expand(n, c, h, src.shape[3]))
+    out = torch.gather(out, 3, cols.view(n, 1, 1, w).expand(n, c, h, w))
+    return _like(x, out)
+
+
+def random_translate(x: torch.Tensor, pad: int, generator: torch.Generator | None = None,
+                     mode: str = "reflect") -> torch.Tensor:
+    """Random crop of the `pad`-padded image back to its size (uniform offsets, per image)."""
+    if pad <= 0:
+        return x
+    d = torch.randint(-pad, pad + 1, (2, x.shape[0]), device=x.device, generator=generator)
+    return translate(x, d[0], d[1], pad, mode)
+
+
+def flip_where(x: torch.Tensor, flip: torch.Tensor) -> torch.Tensor:
+    """Flip left-right the images whose entry in the bool vector `flip` is True."""
+    return torch.where(flip.view(-1, 1, 1, 1), x.flip(-1), x)
+
+
+def random_flip(x: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+    """Flip each image left-right with probability 1/2."""
+    flip = torch.randint(0, 2, (x.shape[0],), device=x.device, generator=generator).bool()
+    return flip_where(x, flip)
+
+
+def alternating_flip(x: torch.Tensor, indices: torch.Tensor, epoch: int, first: torch.Tensor) -> torch.Tensor:
+    """Alternating flip: sample i is flipped in epoch e when `first[i] XOR (e odd)`.
+
+    `first` is one random bit per sample of the dataset, drawn once: every image is seen
+    flipped and unflipped in alternate epochs instead of at random, which removes repeats.
+    """
+    flip = first[indices] ^ bool(epoch % 2)
+    return flip_where(x, flip)
+
+
+def cutout(x: torch.Tensor, size: int, generator: torch.Generator | None = None) -> torch.Tensor:
+    """Zero a `size` x `size` square at a random centre of each image (clipped at the borders)."""
+    if size <= 0:
+        return x
+    n, _, h, w = x.shape
+    cy = torch.randint(0, h, (n, 1, 1, 1), device=x.device, generator=generator)
+    cx = torch.randint(0, w, (n, 1, 1, 1), device=x.device, generator=generator)
+    ys = torch.arange(h, device=x.device).view(1, 1, h, 1)
+    xs = torch.arange(w, device=x.device).view(1, 1, 1, w)
+    lo = size // 2
+    inside = (ys >= cy - lo) & (ys < cy - lo + size) & (xs >= cx - lo) & (xs < cx - lo + size)
+    return _like(x, x.masked_fill(inside, 0))

@@ -1,0 +1,137 @@
+"""DeviceLoader: a small image dataset held on the training device, batched and augmented there.
+
+The whole dataset lives on the device as uint8 (CIFAR-10's 50,000 training images are
+150 MB). Each epoch draws a permutation on the device; each batch is gathered, normalised
+to the training dtype, put in channels-last if asked, and augmented as a whole batch
+(random translate with reflect padding, random or alternating flip, cutout), with no host
+synchronisation and no worker processes. On a CPU it removes the DataLoader's per-sample
+Python and collation; on a GPU, host-to-device copies.
+
+Randomness comes from (seed, epoch) for the order and (seed, epoch, batch) for the
+augmentation, so a run resumed mid-epoch (`iter_epoch(epoch, skip_batches)`) sees the
+same batches as the uninterrupted run.
+
+A `selector` (see InfoBatch) may restrict an epoch to a subset of the samples: an object
+with `indices()` (a LongTensor of sample indices, or None for all) and `count` (its length).
+"""
+from __future__ import annotations
+
+import math
+from typing import Iterator, Literal
+
+import torch
+
+from ..utils import derive_seed
+from . import augment as A
+
+FlipMode = Literal["none", "random", "alternate"]
+
+
+class DeviceLoader:
+    def __init__(self, images: torch.Tensor, labels: torch.Tensor, batch_size: int, *, mean=None, std=None,
+                 device: "str | torch.device" = "cpu", dtype: torch.dtype = torch.float32,
+                 channels_last: bool = False, translate: int = 0, flip: FlipMode = "none", cutout: int = 0,
+                 shuffle: bool = True, drop_last: bool = False, seed: int = 0, with_indices: bool = False,
+                 layout: Literal["auto", "nhwc", "nchw"] = "auto", rank: int = 0, world_size: int = 1):
+        if images.dtype != torch.uint8:
+            raise TypeError(f"DeviceLoader holds images as uint8; got {images.dtype}")
+        if images.dim() != 4:
+            raise ValueError(f"images must be (N, H, W, C) or (N, C, H, W); got shape {tuple(images.shape)}")
+        if layout == "auto":
+            layout = "nhwc" if images.shape[-1] in (1, 3, 4) and images.shape[1] not in (1, 3, 4) else "nchw"
+        if flip not in ("none", "random", "alternate"):
+            raise ValueError(f"flip={flip!r}: use 'none', 'random' or 'alternate'")
+        if len(images) != len(labels):
+            raise ValueError(f"{len(images)} images but {len(labels)} labels")
+        self.device = torch.device(device)
+        x = images.permute(0, 3, 1, 2) if layout == "nhwc" else images
+        self.images = x.to(self.device).contiguous()   # augmented in NCHW, converted per batch
+        self.labels = labels.to(self.device, torch.long)
+        c = self.images.shape[1]
+        self.mean = torch.as_tensor(mean if mean is not None else [0.0] * c, dtype=torch.float32, device=self.device).view(1, c, 1, 1)
+        self.std = torch.as_tensor(std if std is not None else [255.0] * c, dtype=torch.float32, device=self.device).view(1, c, 1, 1)
+        self.batch_size, self.dtype, self.channels_last = int(batch_size), dtype, channels_last
+        self.translate, self.flip, self.cutout = int(translate), flip, int(cutout)
+        self.shuffle, self.drop_last, self.seed, self.with_indices = shuffle, drop_last, seed, with_indices
+        self.rank, self.world_size = rank, world_size
+        self.selector = None
+        self._epoch = 0
+        # alternating flip: one random bit per sample, fixed for the run
+        g = self._generator(seed, 2**31)
+        self.first_flip = torch.randint(0, 2, (len(self.labels),), device=self.device, generator=g).bool()
+
+    # ------------------------------------------------------------------ sizes
+    @property
+    def num_samples(self) -> int:
+        return len(self.labels)
+
+    def _epoch_samples(self) -> int:
+        n = self.selector.count if self.selector is not None and self.selector.indices() is not None else self.num_samples
+        return n // self.world_size if self.world_size > 1 else n
+
+    def __len__(self) -> int:
+        n = self._epoch_samples()
+        return n // self.batch_size if self.drop_last else math.ceil(n / self.batch_size)
+
+    # ------------------------------------------------------------------ iteration
+    def _generator(self, *parts) -> torch.Generator:
+        return torch.Generator(device=self.device).manual_seed(derive_seed(*parts))
+
+    def order(self, epoch: int) -> torch.Tensor:
+        """The sample indices of `epoch` for this rank, in order (on the device)."""
+        chosen = self.selector.indices() if self.selector is not None else None
+        n = len(chosen) if chosen is not None else self.num_samples
+        if self.shuffle:
+            perm = torch.randperm(n, device=self.device, generator=self._generator(self.seed, epoch))
+        else:
+            perm = torch.arange(n, device=self.device)
+        order = chosen.to(self.device)[perm] if chosen is not None else perm
+        if self.world_size > 1:   # every rank gets the same number of samples
+            per_rank = n // self.world_size
+            order = order[self.rank::self.world_size][:per_rank]
+        return order
+
+    def batch(self, indices: torch.Tensor, epoch: int, batch_index: int):
+        """Gather, augment and normalise the samples `indices` (the batch `batch_index` of `epoch`).
+
+        Translation and flips are index gathers done on the uint8 images; cutout after
+        normalisation (zero is the mean there).
+        """
+        x = self.images[indices]
+        g = self._generator(self.seed, epoch, batch_index) if (self.translate or self.flip == "random"
+                                                               or self.cutout) else None
+        flip = None
+        if self.flip == "random":
+            flip = torch.randint(0, 2, (len(indices),), device=self.device, generator=g).bool()
+        elif self.flip == "alternate":
+            flip = self.first_flip[indices] ^ bool(epoch % 2)
+        if self.translate:
+            d = torch.randint(-self.translate, self.translate + 1, (2, len(indices)), device=self.device, generator=g)
+            x = A.translate(x, d[0], d[1], self.translate, "reflect", flip=flip)
+        elif flip is not None:
+            x = A.flip_where(x, flip)
+        x = ((x.float() - self.mean) / self.std).to(self.dtype)
+        if self.cutout:
+            x = A.cutout(x, self.cutout, g)
+        if self.channels_last:
+            x = x.contiguous(memory_format=torch.channels_last)
+        y = self.labels[indices]
+        return (x, y, indices) if self.with_indices else (x, y)
+
+    def iter_epoch(self, epoch: int, skip_batches: int = 0) -> Iterator:
+        order = self.order(epoch)
+        n = len(order)
+        stop = (n // self.batch_size) * self.batch_size if self.drop_last else n
+        b = self.batch_size
+        for k, start in enumerate(range(0, stop, b)):
+            if k < skip_batches:
+                continue
+            yield self.batch(order[start:start + b], epoch, k)
+
+    def __iter__(self) -> Iterator:
+        epoch = self._epoch
+        self._epoch += 1
+        return self.iter_epoch(epoch)
+
+    def set_epoch(self, epoch: int) -> None:
+        self._epoch = int(epoch)

@@ -1,0 +1,278 @@
+"""InfoBatch, selective backprop and proxy selection, against independent references."""
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.utils.data import DataLoader, TensorDataset
+
+import hasten.functional as hf
+from hasten import Algorithm, Event, Trainer
+from hasten.algorithms import InfoBatch, InfoBatchPruner, ProxySelection, SelectiveBackprop
+from hasten.data import DeviceLoader, TensorPairs, make_dataloader
+from hasten.optim import LRSchedule
+
+from tiny import classification_data, mlp
+
+
+# ---------------------------------------------------------------------------- the plan
+def test_plan_prunes_only_below_mean_at_the_ratio_and_is_unbiased():
+    g = torch.Generator().manual_seed(0)
+    scores = torch.rand(200_000, generator=g) ** 3          # skewed: most samples below the mean
+    seen = torch.ones_like(scores, dtype=torch.bool)
+    kept, w = hf.infobatch_plan(scores, seen, 0.5, torch.Generator().manual_seed(1))
+    below = scores < scores.mean()
+    dropped = torch.ones_like(below)
+    dropped[kept] = False
+    assert not (dropped & ~below).any()                        # only well-learned samples are dropped
+    assert (dropped.sum() / below.sum()).item() == pytest.approx(0.5, abs=0.01)
+    assert torch.all(w[kept][below[kept]] == 2.0) and torch.all(w[~below] == 1.0)
+    # unbiased: the expected weighted sum of any per-sample quantity over kept samples is the full sum
+    v = torch.randn(200_000, generator=g)
+    est = torch.stack([(lambda k, ww: (v[k] * ww[k]).sum())(*hf.infobatch_plan(scores, seen, 0.5, torch.Generator().manual_seed(s)))
+                       for s in range(40)])
+    assert est.mean().item() == pytest.approx(v.sum().item(), abs=4 * est.std().item() / 40 ** 0.5 + 1e-6)
+
+
+def test_nothing_is_pruned_before_scores_exist_and_global_rng_is_untouched():
+    p = InfoBatchPruner(100, prune_ratio=0.5, num_epochs=10)
+    before = torch.random.get_rng_state()
+    assert p.start_epoch(0)["infobatch/kept"] == 100          # no scores yet
+    p.update(torch.rand(100, generator=torch.Generator().manual_seed(0)), torch.arange(100))
+    stats = p.start_epoch(1)
+    assert stats["infobatch/kept"] < 100
+    assert torch.equal(torch.random.get_rng_state(), before)
+    assert p.start_epoch(9)["infobatch/kept"] == 100          # 9/10 >= delta 0.875: full data again
+
+
+# ---------------------------------------------------------------------------- plain loop
+def test_three_line_plain_loop_matches_losses_to_samples():
+    n = 40
+    x = torch.randn(n, 3)
+    ds = TensorDataset(x, torch.arange(n))                      # the target is the sample's own index
+    pruner = InfoBatchPruner(n, prune_ratio=0.5, num_epochs=4, seed=1)
+    loader = DataLoader(ds, batch_size=8, sampler=pruner.sampler, num_workers=0)
+    for epoch in range(3):
+        seen = []
+        for xb, idx in loader:
+            losses = xb.pow(2).sum(1)                           # a per-sample "loss" we can recompute
+            loss = pruner.loss(losses)
+            w = pruner.weights[idx] if pruner.weights is not None else torch.ones(len(idx))
+            assert loss.item() == pytest.approx((losses * w).mean().item())
+            seen.append(idx)
+        seen = torch.cat(seen)
+        assert len(seen) == len(loader.sampler) == pruner.count
+        torch.testing.assert_close(pruner.scores[seen], x[seen].pow(2).sum(1))
+    assert pruner.stats()["infobatch/saved_fraction"] > 0
+
+
+# ---------------------------------------------------------------------------- in the Trainer
+def _device_data(n=96, d=6):
+    x, y = classification_data(n=n, d_in=d)
+    return x, y
+
+
+class _ImageLike(nn.Module):
+    """An MLP that takes (N, 1, 1, d) 'images' from a DeviceLoader."""
+    def __init__(self, d=6):
+        super().__init__()
+        self.net = mlp(d_in=d)
+
+    def forward(self, x):
+        return self.net(x.flatten(1))
+
+
+def _device_loader(n=96, batch=16, seed=0):
+    x, y = classification_data(n=n, d_in=6)
+    imgs = ((x - x.min()) / (x.max() - x.min()) * 255).round().to(torch.uint8).view(n, 1, 1, 6)
+    return DeviceLoader(imgs, y, batch, layout="nchw", seed=seed)
+
+
+class _Record(Algorithm):
+    events = (Event.EPOCH_END, Event.BATCH_START)
+
+    def __init__(self):
+        self.epoch_batches, self.lrs, self._n = [], [], 0
+
+    def apply(self, event, state, logger):
+        if event == Event.BATCH_START:
+            self._n += len(state.batch[0])
+            self.lrs.append(state.optimizers[0].param_groups[0]["lr"])
+        else:
+            self.epoch_batches.append(self._n)
+            self._n = 0
+
+
+def test_infobatch_in_the_trainer_prunes_and_the_schedule_still_ends(tmp_path):
+    rec = _Record()
+    from hasten.loggers import JSONLLogger
+    tr = Trainer(_ImageLike(), _device_loader(), max_duration="8ep", device="cpu", log_interval="1ep",
+                 optimizers=lambda m: torch.optim.SGD(m.parameters(), lr=0.1),
+                 schedulers=[LRSchedule("linear", min_factor=0.0)], algorithms=[rec, InfoBatch(0.5, 0.75)],
+                 loggers=[JSONLLogger(tmp_path / "m.jsonl")])
+    tr.fit()
+    full = 96 // 16
+    assert rec.epoch_batches[0] == 96                             # first epoch: no scores, no pruning
+    assert all(n < 96 for n in rec.epoch_batches[1:6]), rec.epoch_batches   # epochs 1..5 prune
+    assert rec.epoch_batches[6:] == [96, 96]                      # from 75% of the run: all data
+    assert tr.state.timestamp.epoch == 8
+    assert rec.lrs[-1] == pytest.approx(0.1 / (8 * full), rel=1e-6)   # the linear schedule reached its end
+    pruner = tr.state.algorithms[1].pruner
+    assert tr.state.timestamp.sample == pruner.passes
+    import json
+    rows = [json.loads(line) for line in open(tmp_path / "m.jsonl")]
+    saved = [r["infobatch/saved_fraction"] for r in rows if "infobatch/saved_fraction" in r]
+    assert saved and saved[-1] == pytest.approx(1 - pruner.passes / (8 * 96))
+
+
+def test_infobatch_rescaled_loss_reaches_the_gradient():
+    """The step's loss is the mean over the kept batch of weight * per-sample loss."""
+    grads = []
+
+    class Check(Algorithm):
+        events = (Event.AFTER_BACKWARD,)
+
+        def apply(self, event, state, logger):
+            x, y, idx = state.micro_batch
+            model = state.model
+            w = ib.pruner.weights[idx] if ib.pruner.weights is not None else torch.ones(len(idx))
+            ref = torch.func.functional_call(model, dict(model.named_parameters()), (x,))
+            loss = (F.cross_entropy(ref, y, reduction="none") * w).mean()
+            g = torch.autograd.grad(loss, list(model.parameters()))
+            grads.append(all(torch.allclose(a, p.grad, atol=1e-6) for a, p in zip(g, model.parameters())))
+
+    ib = InfoBatch(0.5, 0.9)
+    Trainer(_ImageLike(), _device_loader(), max_duration="3ep", device="cpu", algorithms=[Check(), ib]).fit()
+    assert grads and all(grads)
+
+
+def test_infobatch_with_a_dataloader_resumes_exactly(tmp_path):
+    x, y = classification_data(n=64, d_in=8)
+
+    def make(save=None, load=None, stop_at=None):
+        torch.manual_seed(0)
+        model = mlp()
+        algos = [InfoBatch(0.5, 0.875)]
+        if stop_at:
+            class Stop(Algorithm):
+                events = (Event.BATCH_END,)
+
+                def apply(self, event, state, logger):
+                    if state.timestamp.batch == stop_at:
+                        state.stop_training = True
+            algos.append(Stop())
+        loader = make_dataloader(TensorPairs(x, y), 8, shuffle=True, seed=0, num_workers=0)
+        return Trainer(model, loader, max_duration="6ep", device="cpu", algorithms=algos, save_folder=save,
+                       save_interval="1000ba", load_path=load,
+                       optimizers=lambda m: torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9))
+
+    straight = make()
+    straight.fit()
+    first = make(save=str(tmp_path), stop_at=17)       # epoch 2 is pruned; stop in its middle
+    first.fit()
+    assert first.state.timestamp.batch_in_epoch > 0
+    ckpt = first.save_checkpoint(tmp_path / "mid.pt")
+    resumed = make(load=str(ckpt))
+    resumed.fit()
+    assert resumed.state.timestamp.sample == straight.state.timestamp.sample
+    for a, b in zip(straight.state.model.parameters(), resumed.state.model.parameters()):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+def test_infobatch_does_no_host_sync_inside_steps(monkeypatch):
+    import sync_trap
+    trap = sync_trap.install(monkeypatch)
+    tr = Trainer(_ImageLike(), _device_loader(), max_duration="4ep", device="cpu", log_interval="1000ba",
+                 optimizers=lambda m: torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9),
+                 algorithms=[trap, InfoBatch(0.5)])
+    tr.fit()
+    assert trap.steps == tr.state.timestamp.batch > 0
+
+
+def test_infobatch_needs_a_loader_it_can_steer():
+    x, y = classification_data(n=32)
+    with pytest.raises(TypeError, match="DeviceLoader"):
+        Trainer(mlp(), DataLoader(TensorDataset(x, y), batch_size=8), max_duration="1ep", device="cpu",
+                algorithms=[InfoBatch()]).fit()
+
+
+def _spawn_ranks(rank, world, port, out):
+    import torch.distributed as dist
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    p = InfoBatchPruner(16, prune_ratio=0.5, num_epochs=10)
+    p.start_epoch(0)
+    mine = torch.arange(rank, 16, world)              # each rank scores its own shard
+    p.update((mine.float() + 1) ** 2, mine)
+    p.start_epoch(1)
+    out[rank] = (p.scores.clone(), p.kept.clone(), p.epoch_order(1).clone())
+    dist.destroy_process_group()
+
+
+def test_infobatch_ranks_share_scores_and_plan():
+    import socket
+    import torch.multiprocessing as mp
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    manager = mp.Manager()
+    out = manager.dict()
+    mp.spawn(_spawn_ranks, args=(2, port, out), nprocs=2)
+    (s0, k0, o0), (s1, k1, o1) = out[0], out[1]
+    torch.testing.assert_close(s0, (torch.arange(16).float() + 1) ** 2)   # every rank has every score
+    assert torch.equal(s0, s1) and torch.equal(k0, k1)                     # and the same plan
+    assert not set(o0.tolist()) & set(o1.tolist()) and len(o0) == len(o1) == len(k0) // 2
+
+
+# ---------------------------------------------------------------------------- selective backprop
+def test_select_hardest_is_topk():
+    losses = torch.tensor([0.1, 2.0, 0.5, 3.0, 1.0, 0.2])
+    assert sorted(hf.select_hardest(losses, 0.5).tolist()) == [1, 3, 4]
+
+
+def test_selective_backprop_gradient_is_that_of_the_hardest_samples():
+    x, y = classification_data(n=32)
+    torch.manual_seed(0)
+    model = mlp()
+    ref_model = mlp()
+    ref_model.load_state_dict(model.state_dict())
+    grads = {}
+
+    class Grab(Algorithm):
+        events = (Event.AFTER_BACKWARD,)
+
+        def apply(self, event, state, logger):
+            grads["sb"] = [p.grad.clone() for p in state.model.parameters()]
+            state.stop_training = True
+
+    Trainer(model, [(x, y)], max_duration="1ba", device="cpu", algorithms=[SelectiveBackprop(0.25), Grab()],
+            optimizers=lambda m: torch.optim.SGD(m.parameters(), lr=0.0)).fit()
+    with torch.no_grad():
+        losses = F.cross_entropy(ref_model(x), y, reduction="none")
+    hard = losses.argsort(descending=True)[:8]
+    F.cross_entropy(ref_model(x[hard]), y[hard]).backward()
+    for g, p in zip(grads["sb"], ref_model.parameters()):
+        torch.testing.assert_close(g, p.grad)
+
+
+def test_proxy_selection_trains_the_proxy_and_picks_its_hardest():
+    x, y = classification_data(n=32)
+    torch.manual_seed(0)
+    model, proxy = mlp(), mlp(hidden=4)
+    ref_proxy = mlp(hidden=4)
+    ref_proxy.load_state_dict(proxy.state_dict())
+    picked = {}
+
+    class Grab(Algorithm):
+        events = (Event.BEFORE_FORWARD,)
+
+        def apply(self, event, state, logger):
+            picked["x"] = state.micro_batch[0].clone()
+
+    Trainer(model, [(x, y)], max_duration="1ba", device="cpu",
+            algorithms=[ProxySelection(proxy, keep=0.5, lr=0.1), Grab()]).fit()
+    losses = F.cross_entropy(ref_proxy(x), y, reduction="none")
+    hard = losses.detach().argsort(descending=True)[:16]
+    assert sorted(map(tuple, picked["x"].tolist())) == sorted(map(tuple, x[hard].tolist()))
+    losses.mean().backward()
+    with torch.no_grad():   # the proxy took one SGD step (momentum buffer starts at the gradient)
+        for p, q in zip(ref_proxy.parameters(), proxy.parameters()):
+            torch.testing.assert_close(p - 0.1 * (p.grad + 5e-4 * p) * 1.9, q, rtol=1e-5, atol=1e-6)

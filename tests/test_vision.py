@@ -1,0 +1,232 @@
+"""On-device augmentation, the DeviceLoader, and the vision methods, against independent references."""
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import hasten.functional as hf
+from hasten import Trainer
+from hasten.algorithms import TTA, ChannelsLast, LabelSmoothing, PatchWhitening
+from hasten.data import DeviceLoader
+from hasten.models import SpeedrunNet
+
+
+def _images(n=6, c=3, h=8, w=8, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(n, c, h, w, generator=g)
+
+
+# ---------------------------------------------------------------------------- augmentations
+@pytest.mark.parametrize("mode", ["reflect", "constant", "replicate"])
+def test_translate_equals_pad_then_crop(mode):
+    x = _images()
+    pad = 2
+    g = torch.Generator().manual_seed(1)
+    dy, dx = torch.randint(-pad, pad + 1, (2, len(x)), generator=g)
+    flip = torch.tensor([True, False, True, False, False, True])
+    out = hf.translate(x, dy, dx, pad, mode, flip=flip)
+    for i in range(len(x)):   # reference: pad one image, crop its window, mirror it
+        p = F.pad(x[i:i + 1], (pad,) * 4, mode=mode)[0]
+        want = p[:, pad + dy[i]:pad + dy[i] + 8, pad + dx[i]:pad + dx[i] + 8]
+        if flip[i]:
+            want = want.flip(-1)
+        torch.testing.assert_close(out[i], want, rtol=0, atol=0)
+
+
+def test_translate_works_on_uint8_and_keeps_channels_last():
+    x = (torch.rand(4, 3, 8, 8) * 255).to(torch.uint8)
+    d = torch.tensor([1, -2, 0, 2])
+    ref = hf.translate(x.float(), d, -d, 2)
+    torch.testing.assert_close(hf.translate(x, d, -d, 2).float(), ref)
+    cl = _images(4).contiguous(memory_format=torch.channels_last)
+    assert hf.random_translate(cl, 2).is_contiguous(memory_format=torch.channels_last)
+
+
+def test_cutout_zeroes_one_square_per_image():
+    x = torch.ones(64, 1, 16, 16)
+    out = hf.cutout(x, 4, torch.Generator().manual_seed(0))
+    zeros = (out == 0).sum(dim=(1, 2, 3))
+    assert zeros.max() == 16 and zeros.min() >= 4   # a full 4x4 square, or clipped at a border
+    for img in out[:, 0]:                           # the zeros form one axis-aligned rectangle
+        rows, cols = torch.nonzero(img == 0, as_tuple=True)
+        assert (rows.max() - rows.min() + 1) * (cols.max() - cols.min() + 1) == len(rows)
+
+
+def test_alternating_flip_flips_each_image_in_every_other_epoch():
+    x = _images(8)
+    idx = torch.arange(8)
+    first = torch.tensor([0, 1, 0, 1, 1, 1, 0, 0], dtype=torch.bool)
+    e0, e1, e2 = (hf.alternating_flip(x, idx, e, first) for e in range(3))
+    for i in range(8):
+        flipped = [not torch.equal(e[i], x[i]) for e in (e0, e1, e2)]
+        assert flipped == [bool(first[i]), not first[i], bool(first[i])]
+
+
+# ---------------------------------------------------------------------------- DeviceLoader
+def _uint8_data(n=50, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, 256, (n, 8, 8, 3), dtype=torch.uint8, generator=g), torch.arange(n) % 10
+
+
+def test_device_loader_visits_every_sample_once_and_resumes_exactly():
+    x, y = _uint8_data()
+    L = DeviceLoader(x, y, 16, translate=2, flip="random", cutout=3, seed=3, with_indices=True)
+    epoch = list(L.iter_epoch(4))
+    assert len(epoch) == len(L) == 4
+    seen = torch.cat([b[2] for b in epoch])
+    assert sorted(seen.tolist()) == list(range(50))
+    again = list(L.iter_epoch(4, skip_batches=2))
+    for a, b in zip(epoch[2:], again):
+        torch.testing.assert_close(a[0], b[0], rtol=0, atol=0)
+    other = torch.cat([b[2] for b in L.iter_epoch(5)])
+    assert not torch.equal(seen, other)
+    for xb, yb, ib in epoch:   # labels follow their images
+        assert torch.equal(yb, y[ib])
+
+
+def test_device_loader_normalises_like_the_host_transform():
+    from hasten.data.transforms import Normalize
+    x, y = _uint8_data()
+    mean, std = (120.0, 110.0, 100.0), (60.0, 61.0, 62.0)
+    L = DeviceLoader(x, y, 50, mean=mean, std=std, shuffle=False, channels_last=True, dtype=torch.bfloat16)
+    xb, yb = next(iter(L))
+    assert xb.dtype == torch.bfloat16 and xb.is_contiguous(memory_format=torch.channels_last)
+    ref = torch.stack([Normalize(mean, std)(img) for img in x])
+    torch.testing.assert_close(xb.float(), ref, rtol=1e-2, atol=1e-2)
+
+
+def test_device_loader_selector_and_shards():
+    x, y = _uint8_data()
+
+    class Half:
+        count = 25
+
+        def indices(self):
+            return torch.arange(0, 50, 2)
+
+    L = DeviceLoader(x, y, 10, with_indices=True)
+    L.selector = Half()
+    got = torch.cat([b[2] for b in L.iter_epoch(0)])
+    assert len(L) == 3 and sorted(got.tolist()) == list(range(0, 50, 2))
+    shards = [DeviceLoader(x, y, 10, with_indices=True, rank=r, world_size=2) for r in range(2)]
+    parts = [torch.cat([b[2] for b in s.iter_epoch(1)]) for s in shards]
+    assert len(parts[0]) == len(parts[1]) == 25 and not set(parts[0].tolist()) & set(parts[1].tolist())
+
+
+# ---------------------------------------------------------------------------- methods
+def test_label_smoothing_matches_pytorch():
+    logits = torch.randn(32, 10)
+    y = torch.randint(0, 10, (32,))
+    for a in (0.0, 0.1, 0.2):
+        ref = F.cross_entropy(logits, y, label_smoothing=a, reduction="none")
+        torch.testing.assert_close(hf.smoothed_cross_entropy(logits, y, a), ref)
+        soft = hf.smooth_labels(y, 10, a)
+        torch.testing.assert_close(soft.sum(1), torch.ones(32))
+        torch.testing.assert_close(F.cross_entropy(logits, soft, reduction="none"), ref)
+
+
+def test_label_smoothing_trains_smoothed_and_evaluates_plain():
+    from tiny import loader, mlp
+    from hasten import Algorithm, Event
+    from hasten.trainer import default_loss
+    seen = []
+
+    class Spy(Algorithm):   # listed before LabelSmoothing: sees the per-sample training losses
+        events = (Event.AFTER_LOSS,)
+
+        def apply(self, event, state, logger):
+            x, y = state.micro_batch
+            ref = F.cross_entropy(state.outputs, y, label_smoothing=0.3, reduction="none")
+            seen.append(torch.allclose(state.loss, ref, atol=1e-6))
+
+    tr = Trainer(mlp(), loader(), max_duration="2ba", eval_dataloader=loader(), device="cpu",
+                 algorithms=[Spy(), LabelSmoothing(0.3)])
+    tr.fit()
+    assert seen == [True, True]
+    assert tr.state.loss_fn is default_loss   # restored after fit
+    plain = tr.evaluate()["val/loss"]
+    model = tr.state.model.eval()
+    ref = torch.cat([F.cross_entropy(model(x), y, reduction="none") for x, y in loader()]).mean()
+    assert plain == pytest.approx(ref.item(), rel=1e-5)
+
+
+def test_patch_whitening_gives_identity_covariance():
+    imgs = torch.randn(64, 3, 12, 12)
+    imgs = imgs + 0.8 * imgs.roll(1, dims=-1) + torch.tensor([0.5, -1.0, 2.0]).view(1, 3, 1, 1)  # correlated
+    conv = nn.Conv2d(3, 24, 2, bias=True)
+    hf.fit_patch_whitening(conv, imgs, eps=1e-8)
+    with torch.no_grad():
+        out = conv(imgs)[:, :12].permute(0, 2, 3, 1).reshape(-1, 12).double()
+    cov = torch.cov(out.T, correction=0)
+    torch.testing.assert_close(cov, torch.eye(12, dtype=torch.float64), atol=1e-3, rtol=0)
+    torch.testing.assert_close(out.mean(0), torch.zeros(12, dtype=torch.float64), atol=1e-4, rtol=0)
+
+
+def test_patch_whitening_algorithm_fits_from_the_loader_and_freezes():
+    x, y = _uint8_data(64)
+    L = DeviceLoader(x, y, 16, mean=(128,) * 3, std=(64,) * 3)
+    model = SpeedrunNet(widths=(8, 8, 8))
+    tr = Trainer(model, L, max_duration="1ba", device="cpu", algorithms=[PatchWhitening(num_images=64)])
+    assert not model.whiten.weight.requires_grad
+    assert tr.state.extra["bench/method_setup_s"] > 0
+    with torch.no_grad():
+        out = model.whiten((x.permute(0, 3, 1, 2).float() - 128) / 64)[:, :12]
+    cov = torch.cov(out.permute(0, 2, 3, 1).reshape(-1, 12).T.double(), correction=0)
+    assert torch.allclose(cov.diagonal(), torch.ones(12, dtype=torch.float64), atol=0.02)
+
+
+def test_tta_averages_the_views():
+    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.Flatten(), nn.LazyLinear(5))
+    x = _images(4)
+    model(x)
+    pad = F.pad(x, (1, 1, 1, 1), mode="reflect")
+    down, up = pad[..., 2:, 2:], pad[..., :-2, :-2]     # shifted by (+1, +1) and (-1, -1)
+
+    def both(z):
+        return (model(z) + model(z.flip(-1))) / 2
+    want = 0.5 * both(x) + 0.25 * both(down) + 0.25 * both(up)
+    torch.testing.assert_close(hf.tta_logits(model, x, flip=True, translate=1), want)
+
+
+def test_tta_does_not_lower_accuracy_of_a_trained_model(cifar_zip):
+    """Measured behaviour: on a small trained CIFAR model, flip+translate TTA does not hurt."""
+    from hasten.data.cifar import MEAN, STD, load_cifar10
+    data = load_cifar10(cifar_zip)
+    torch.manual_seed(0)
+    train = DeviceLoader(data.train_x[:4000], data.train_y[:4000], 200, mean=MEAN, std=STD, translate=2,
+                         flip="random", channels_last=True)
+    test = DeviceLoader(data.test_x[:2000], data.test_y[:2000], 1000, mean=MEAN, std=STD, shuffle=False)
+    import torchmetrics
+    tr = Trainer(SpeedrunNet(widths=(16, 32, 32)), train, eval_dataloader=test, max_duration="4ep",
+                 eval_interval="4ep", device="cpu",
+                 optimizers=lambda m: torch.optim.SGD(m.parameters(), lr=0.2, momentum=0.9, nesterov=True),
+                 metrics={"acc": torchmetrics.classification.MulticlassAccuracy(10, average="micro")},
+                 algorithms=[ChannelsLast(), PatchWhitening(num_images=2000)])
+    tr.fit()
+    plain = tr.evaluate()["val/acc"]
+    tta = TTA(translate=1, final_only=False)
+    tr.state.algorithms.append(tta)
+    tr.engine.rebuild()
+    with_tta = tr.evaluate()["val/acc"]
+    assert plain > 0.3
+    assert with_tta >= plain - 0.005, (plain, with_tta)
+
+
+def test_channels_last_algorithm_keeps_the_math():
+    torch.manual_seed(0)
+    a = SpeedrunNet(widths=(8, 8, 8))
+    b = SpeedrunNet(widths=(8, 8, 8))
+    b.load_state_dict(a.state_dict())
+    tr = Trainer(b, [(_images(4, h=16, w=16), torch.zeros(4, dtype=torch.long))], device="cpu",
+                 algorithms=[ChannelsLast()], max_duration="1ba")
+    assert b.groups[0][0].weight.is_contiguous(memory_format=torch.channels_last)
+    x = _images(4, h=16, w=16)
+    torch.testing.assert_close(a.eval()(x), b.eval()(x.contiguous(memory_format=torch.channels_last)),
+                               rtol=1e-4, atol=1e-5)
+    tr.fit()
+
+
+def test_speedrun_net_size():
+    from hasten.models import forward_flops
+    flops = forward_flops(SpeedrunNet(), torch.zeros(1, 3, 32, 32))
+    assert 0.23e9 < flops < 0.24e9   # 31x31 after the unpadded 2x2 stem
