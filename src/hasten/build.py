@@ -14,26 +14,41 @@ from .algorithms import REGISTRY
 from .callbacks import LRMonitor, ProgressBar, SpeedMonitor
 from .config import OptimizerConfig, Recipe, to_dict
 from .loggers import ConsoleLogger, JSONLLogger
-from .optim import LRSchedule, param_groups
+from .optim import LRSchedule, apply_lr_multipliers, param_groups
 from .optim.muon import muon_optimizers
+from .optim.sgdw import SGDW, decoupled_hparams
 from .tasks import TASKS
 from .tasks.base import Built
 from .trainer import Trainer
 from .utils import resolve_device
 
 
-def build_optimizer(cfg: OptimizerConfig, model: torch.nn.Module, device: torch.device):
+def build_optimizer(cfg: OptimizerConfig, model: torch.nn.Module, device: torch.device, batch_size: int | None = None):
+    if cfg.per_example and cfg.name != "sgdw":
+        raise ValueError(f"optimizer.per_example applies to sgdw only, not {cfg.name!r}")
     if cfg.name == "muon":
         return muon_optimizers(model, muon_lr=cfg.muon_lr, muon_momentum=cfg.muon_momentum,
                                muon_weight_decay=cfg.muon_weight_decay, adam_lr=cfg.lr, adam_betas=cfg.betas,
                                adam_weight_decay=cfg.weight_decay, adjust_lr_fn=cfg.muon_adjust_lr, fused=cfg.fused,
                                ns_steps=cfg.muon_ns_steps)
-    groups = param_groups(model, cfg.weight_decay, cfg.decay_min_dim, tuple(cfg.no_decay))
+    groups = param_groups(model, cfg.weight_decay, cfg.decay_min_dim, tuple(cfg.no_decay), cfg.lr_multipliers)
     fused = cfg.fused if cfg.fused is not None else device.type in ("cpu", "cuda")
     if cfg.name == "sgd":
-        return torch.optim.SGD(groups, lr=cfg.lr, momentum=cfg.momentum, nesterov=cfg.nesterov, fused=fused)
-    cls = torch.optim.AdamW if cfg.name == "adamw" else torch.optim.Adam
-    return cls(groups, lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps, fused=fused)
+        opt = torch.optim.SGD(groups, lr=cfg.lr, momentum=cfg.momentum, nesterov=cfg.nesterov, fused=fused)
+    elif cfg.name == "sgdw":
+        lr, wd = cfg.lr, cfg.weight_decay
+        if cfg.per_example:
+            if not batch_size:
+                raise ValueError("optimizer.per_example needs the batch size (data.batch_size)")
+            h = decoupled_hparams(cfg.lr, cfg.weight_decay, cfg.momentum, batch_size)
+            lr, wd = h["lr"], h["weight_decay"]
+            for g in groups:
+                g["weight_decay"] = wd if g["weight_decay"] else 0.0
+        opt = SGDW(groups, lr=lr, momentum=cfg.momentum, nesterov=cfg.nesterov)
+    else:
+        cls = torch.optim.AdamW if cfg.name == "adamw" else torch.optim.Adam
+        opt = cls(groups, lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps, fused=fused)
+    return apply_lr_multipliers(opt)
 
 
 def default_run_dir(recipe: Recipe) -> Path:
@@ -78,7 +93,9 @@ def build_run(recipe: Recipe, progress_bar: bool | None = None, console_logger: 
     schedule = LRSchedule(s.name, warmup=s.warmup, warmdown=s.warmdown, min_factor=s.min_factor)
     trainer = Trainer(
         model=built.model, train_dataloader=built.train_dataloader, eval_dataloader=built.eval_dataloader,
-        optimizers=lambda model: build_optimizer(recipe.optimizer, model, device), schedulers=[schedule],
+        optimizers=lambda model: build_optimizer(recipe.optimizer, model, device,
+                                                 getattr(recipe.data, "batch_size", None)),
+        schedulers=[schedule],
         loss_fn=built.loss_fn, max_duration=t.max_duration, eval_interval=t.eval_interval,
         log_interval=t.log_interval, metrics=built.metrics, algorithms=algorithms, callbacks=callbacks,
         loggers=loggers, precision=t.precision, device=device, compile=t.compile, grad_accum=t.grad_accum,

@@ -61,7 +61,7 @@ class TrainerConfig:
 
 @dataclass
 class OptimizerConfig:
-    name: Literal["sgd", "adamw", "adam", "muon"] = "adamw"   # muon: Muon for hidden matrices + AdamW (lr, betas) for the rest
+    name: Literal["sgd", "sgdw", "adamw", "adam", "muon"] = "adamw"   # muon: Muon for hidden matrices + AdamW (lr, betas) for the rest; sgdw: SGD with decoupled weight decay
     lr: float = 1e-3
     momentum: float = 0.9
     nesterov: bool = False
@@ -70,6 +70,8 @@ class OptimizerConfig:
     weight_decay: float = 0.0
     decay_min_dim: int = 2               # parameters with fewer dimensions get no weight decay
     no_decay: list[str] = field(default_factory=list)  # name patterns without weight decay
+    lr_multipliers: dict[str, float] = field(default_factory=dict)  # name pattern -> multiple of lr
+    per_example: bool = False            # sgdw: lr and weight_decay stated per example, momentum's gain included
     fused: Optional[bool] = None         # default: fused when the device supports it
     muon_lr: float = 0.02
     muon_momentum: float = 0.95

@@ -4,7 +4,18 @@
     x, y = hf.reshape_sequences(x, y, 32)
     x = hf.random_translate(x, 2, generator)
 """
+from .algorithms.activation_swap import swap_activations
 from .algorithms.batch_size_warmup import take_batch
+from .algorithms.cutmix import cutmix_batch, cutmix_box
+from .algorithms.dirac_init import dirac_init_
+from .algorithms.frozen_bn import freeze_bn_scale
+from .algorithms.ghost_batchnorm import apply_ghost_batchnorm, ghost_batch_norm
+from .algorithms.grad_clipping import adaptive_clip_grad_
+from .algorithms.lookahead import lookahead_sync
+from .algorithms.mixup import mixed_loss, mixup_batch
+from .algorithms.pool_reorder import reorder_pools
+from .algorithms.progressive_resizing import resize_batch, resize_scale
+from .algorithms.sam import sam_perturb, sam_restore
 from .algorithms.channels_last import apply_channels_last
 from .algorithms.ema import ema_update
 from .algorithms.infobatch import InfoBatchPruner, infobatch_plan
@@ -18,9 +29,9 @@ from .data.augment import alternating_flip, cutout, flip_where, normalize, rando
 from .optim.muon import muon_optimizers, split_for_muon
 from .optim.param_groups import param_groups
 from .optim.schedules import LRSchedule
+from .optim.sgdw import SGDW, decoupled_hparams
 
-__all__ = ["InfoBatchPruner", "LRSchedule", "alternating_flip", "apply_channels_last", "cutout", "ema_update",
-           "fit_patch_whitening", "flip_where", "infobatch_plan", "muon_optimizers", "normalize", "param_groups",
-           "patch_covariance", "proxy_select", "random_flip", "random_translate", "reshape_sequences",
-           "select_hardest", "smooth_labels", "smoothed_cross_entropy", "split_for_muon", "take_batch",
-           "translate", "tta_logits", "warmup_length"]
+import types as _types
+
+__all__ = sorted(n for n, v in list(globals().items())
+                 if not n.startswith("_") and not isinstance(v, _types.ModuleType) and n != "annotations")

@@ -2,7 +2,20 @@
 
 REGISTRY maps the names used in recipes to Algorithm classes.
 """
+from .activation_swap import ActivationSwap, swap_activations
 from .batch_size_warmup import BatchSizeWarmup, take_batch
+from .cutmix import CutMix, cutmix_batch, cutmix_box
+from .cutout import CutOut
+from .dirac_init import DiracInit, dirac_init_
+from .frozen_bn import FrozenBNScale, freeze_bn_scale
+from .ghost_batchnorm import GhostBatchNorm, GhostBatchNormAlgorithm, apply_ghost_batchnorm, ghost_batch_norm
+from .grad_clipping import GradientClipping, adaptive_clip_grad_
+from .lookahead import Lookahead, lookahead_sync
+from .mixup import MixUp, mixed_loss, mixup_batch
+from .pool_reorder import PoolReorder, reorder_pools
+from .progressive_resizing import ProgressiveResizing, resize_batch, resize_scale
+from .sam import SAM, sam_perturb, sam_restore
+from .swa import SWA
 from .channels_last import ChannelsLast, apply_channels_last
 from .delay import Delay
 from .ema import EMA, ema_update
@@ -17,10 +30,13 @@ from .tta import TTA, tta_logits
 REGISTRY = {"ema": EMA, "delay": Delay, "seq_len_warmup": SeqLenWarmup, "batch_size_warmup": BatchSizeWarmup,
             "channels_last": ChannelsLast, "label_smoothing": LabelSmoothing, "patch_whitening": PatchWhitening,
             "tta": TTA, "infobatch": InfoBatch, "selective_backprop": SelectiveBackprop,
-            "proxy_selection": ProxySelection}
+            "proxy_selection": ProxySelection, "activation_swap": ActivationSwap, "cutmix": CutMix,
+            "cutout": CutOut, "dirac_init": DiracInit, "frozen_bn_scale": FrozenBNScale,
+            "ghost_batchnorm": GhostBatchNormAlgorithm, "gradient_clipping": GradientClipping,
+            "lookahead": Lookahead, "mixup": MixUp, "pool_reorder": PoolReorder,
+            "progressive_resizing": ProgressiveResizing, "sam": SAM, "swa": SWA}
 
-__all__ = ["BatchSizeWarmup", "ChannelsLast", "Delay", "EMA", "InfoBatch", "InfoBatchPruner", "LabelSmoothing",
-           "PatchWhitening", "ProxySelection", "REGISTRY", "SelectiveBackprop", "SeqLenWarmup", "TTA",
-           "apply_channels_last", "ema_update", "fit_patch_whitening", "infobatch_plan", "proxy_select",
-           "reshape_sequences", "select_hardest", "smooth_labels", "smoothed_cross_entropy", "take_batch",
-           "tta_logits"]
+import types as _types
+
+__all__ = sorted(n for n, v in list(globals().items())
+                 if not n.startswith("_") and not isinstance(v, _types.ModuleType) and n != "annotations")

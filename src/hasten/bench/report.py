@@ -148,7 +148,9 @@ def markdown(analysis: dict, title: str, command: str | None = None) -> str:
             f"{_f(r['warmup_s']['mean'], 2)} | {_f(r['eval_s']['mean'], 1)} | {_f(r['data_setup_s']['mean'], 1)} | "
             f"{_f(r['samples']['mean'], 0)} | {_f(r['tokens']['mean'], 0)} | {_f(r['peak_memory_mb']['mean'], 0)} |")
     for mach in analysis.get("machines", []):
-        lines += ["", f"Machine: {mach.get('cpu')}, {mach.get('cores')} cores, {mach.get('threads')} threads, "
+        feats = mach.get("cpu_features")
+        lines += ["", f"Machine: {mach.get('cpu')}" + (f" ({', '.join(feats) or 'no AVX2'})" if feats is not None else "")
+                  + f", {mach.get('cores')} cores, {mach.get('threads')} threads, "
                   f"torch {mach.get('torch')}, hasten {mach.get('hasten')}"
                   + (f", GPU {mach['cuda']}" if mach.get("cuda") else "")]
     return "\n".join(lines) + "\n"

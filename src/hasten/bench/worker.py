@@ -63,14 +63,21 @@ class BenchRecorder(Callback):
 
 
 def machine() -> dict:
-    cpu = platform.processor()
+    cpu, flags = platform.processor(), set()
     try:
         with open("/proc/cpuinfo") as f:
-            cpu = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), cpu)
+            for ln in f:
+                if ln.startswith("model name"):
+                    cpu = ln.split(":", 1)[1].strip()
+                elif ln.startswith("flags") and not flags:
+                    flags = set(ln.split(":", 1)[1].split())
     except OSError:
         pass
-    return {"cpu": cpu, "cores": os.cpu_count(), "threads": torch.get_num_threads(), "python": platform.python_version(),
-            "torch": torch.__version__, "cuda": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
+    # the CPU features that decide which precision is fast here
+    features = sorted(flags & {"avx2", "avx512f", "avx512_bf16", "avx512_fp16", "amx_bf16", "amx_tile"})
+    return {"cpu": cpu, "cpu_features": features, "cores": os.cpu_count(), "threads": torch.get_num_threads(),
+            "python": platform.python_version(), "torch": torch.__version__,
+            "cuda": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
             "hasten": __import__("hasten").__version__, "platform": platform.platform()}
 
 

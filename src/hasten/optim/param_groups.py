@@ -13,7 +13,8 @@ def param_groups(model: torch.nn.Module, weight_decay: float, decay_min_dim: int
     Weight decay applies to parameters with at least `decay_min_dim` dimensions (matrices and
     convolution kernels) whose names match none of the `no_decay` patterns (fnmatch, e.g.
     '*.bn*', 'wte.*'); norms' gains and biases get none. `lr_multipliers` maps name patterns
-    to multipliers of the optimizer's lr; the first matching pattern wins.
+    to multipliers of the optimizer's lr; the first matching pattern wins. A parameter
+    carrying an `lr_mult` attribute (set by algorithms such as FrozenBNScale) uses it.
     Groups carry a 'name' so monitors can tell them apart.
     """
     lr_multipliers = lr_multipliers or {}
@@ -22,7 +23,8 @@ def param_groups(model: torch.nn.Module, weight_decay: float, decay_min_dim: int
         if not p.requires_grad:
             continue
         decay = p.dim() >= decay_min_dim and not any(fnmatch.fnmatch(name, pat) for pat in no_decay)
-        mult = next((m for pat, m in lr_multipliers.items() if fnmatch.fnmatch(name, pat)), 1.0)
+        mult = getattr(p, "lr_mult", None) or next(
+            (m for pat, m in lr_multipliers.items() if fnmatch.fnmatch(name, pat)), 1.0)
         key = (decay, mult)
         if key not in groups:
             label = ("decay" if decay else "no_decay") + (f"_lr{mult:g}" if mult != 1.0 else "")

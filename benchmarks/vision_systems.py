@@ -1,0 +1,108 @@
+"""Systems choices for conv nets on this machine, measured side by side.
+
+A. Training-step throughput of the speedrun net (random data, SGD) in fp32 or bf16 autocast,
+   NCHW or channels-last, at two widths. Configurations are interleaved round by round;
+   the table gives medians over rounds and the ratio to fp32 NCHW.
+B. Batches per second from the DeviceLoader (uint8 on the device, whole-batch translate +
+   flip, channels-last) against a host DataLoader with worker processes and per-sample
+   crop + flip (what `cifar10-baseline` uses), on CIFAR-shaped random images.
+
+    python benchmarks/vision_systems.py [--rounds 5]
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+import torch.nn.functional as F
+
+from common import write_results
+from hasten.data import DeviceLoader, TensorPairs, make_dataloader
+from hasten.data.transforms import RandomCropFlip
+from hasten.models import SpeedrunNet
+
+CONFIGS = [("fp32", False), ("fp32", True), ("bf16", False), ("bf16", True)]
+
+
+def step_rate(model, x, y, opt, bf16: bool, steps: int) -> float:
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        with torch.autocast("cpu", torch.bfloat16, enabled=bf16):
+            loss = F.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    return steps * len(x) / (time.perf_counter() - t0)
+
+
+def bench_steps(widths, rounds: int, batch: int = 256, steps: int = 6) -> dict:
+    torch.manual_seed(0)
+    setups = {}
+    for prec, cl in CONFIGS:
+        m = SpeedrunNet(widths=widths)
+        x = torch.randn(batch, 3, 32, 32)
+        if cl:
+            m, x = m.to(memory_format=torch.channels_last), x.contiguous(memory_format=torch.channels_last)
+        opt = torch.optim.SGD(m.parameters(), lr=0.01, momentum=0.9, nesterov=True)
+        y = torch.randint(0, 10, (batch,))
+        step_rate(m, x, y, opt, prec == "bf16", 2)   # warm-up
+        setups[(prec, cl)] = (m, x, y, opt)
+    rates = {k: [] for k in setups}
+    for _ in range(rounds):
+        for k, (m, x, y, opt) in setups.items():
+            rates[k].append(step_rate(m, x, y, opt, k[0] == "bf16", steps))
+    return {f"{p}/{'channels_last' if cl else 'nchw'}": statistics.median(v) for (p, cl), v in rates.items()}
+
+
+def bench_loaders(rounds: int, batch: int = 256, batches: int = 60) -> dict:
+    g = torch.Generator().manual_seed(0)
+    x = torch.randint(0, 256, (50_000, 32, 32, 3), dtype=torch.uint8, generator=g)
+    y = torch.randint(0, 10, (50_000,), generator=g)
+    mean, std = (125.3, 123.0, 113.9), (63.0, 62.1, 66.7)
+    dev = DeviceLoader(x, y, batch, mean=mean, std=std, translate=2, flip="random", channels_last=True)
+    host = make_dataloader(TensorPairs(x, y), batch, transform=RandomCropFlip(mean, std, pad=2, mode="reflect"))
+
+    def rate(loader, epoch):
+        it = loader.iter_epoch(epoch) if hasattr(loader, "iter_epoch") else iter(loader)
+        next(it)   # start-up (worker processes) is not counted
+        t0 = time.perf_counter()
+        for _ in range(batches):
+            next(it)
+        return batches * batch / (time.perf_counter() - t0)
+
+    out = {"device_loader": [], "dataloader": []}
+    for r in range(rounds):
+        out["device_loader"].append(rate(dev, r))
+        out["dataloader"].append(rate(host, r))
+    return {k: statistics.median(v) for k, v in out.items()}
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rounds", type=int, default=5)
+    args = ap.parse_args()
+    results = {"steps": {}, "loaders": None}
+    lines = ["# Conv-net systems choices on this machine", "",
+             "Training steps of the speedrun net, batch 256, images/s (median over interleaved rounds):", "",
+             "| widths | " + " | ".join(f"{p} {'channels-last' if cl else 'NCHW'}" for p, cl in CONFIGS) + " |",
+             "|---|" + "---:|" * len(CONFIGS)]
+    for widths in [(64, 256, 256), (16, 48, 48)]:
+        r = bench_steps(widths, args.rounds)
+        results["steps"][str(list(widths))] = r
+        base = r["fp32/nchw"]
+        lines.append(f"| {list(widths)} | " + " | ".join(f"{v:.0f} ({v / base:.2f}x)" for v in r.values()) + " |")
+    loaders = bench_loaders(args.rounds)
+    results["loaders"] = loaders
+    lines += ["", "Data loading alone, CIFAR-shaped uint8 images, batch 256, translate/crop 2 + flip, images/s:", "",
+              "| loader | images/s |", "|---|---:|",
+              f"| DeviceLoader (channels-last) | {loaders['device_loader']:.0f} |",
+              f"| DataLoader, workers, per-sample crop + flip | {loaders['dataloader']:.0f} |",
+              "", f"DeviceLoader / DataLoader: {loaders['device_loader'] / loaders['dataloader']:.2f}x"]
+    j, m = write_results("vision_systems", results, "\n".join(lines))
+    print(m.read_text())
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,27 @@
+"""CutOut: zero a random square of each training image (DeVries and Taylor, 2017).
+
+Works on any loader's batches on the device (`hasten.functional.cutout`, seeded per batch);
+the DeviceLoader can also apply it itself (`data.cutout`), which is the cheaper path there.
+"""
+from __future__ import annotations
+
+import torch
+
+from ..core import Algorithm, Event
+from ..data.augment import cutout
+from ..utils import derive_seed
+
+
+class CutOut(Algorithm):
+    events = (Event.AFTER_DATALOADER,)
+
+    def __init__(self, size: int = 8):
+        if size < 1:
+            raise ValueError(f"size must be >= 1, got {size}")
+        self.size = int(size)
+
+    def apply(self, event, state, logger):
+        batch = state.batch
+        x = batch[0]
+        g = torch.Generator(device=x.device).manual_seed(derive_seed(state.seed, state.timestamp.batch, 13))
+        state.batch = (cutout(x, self.size, g), *batch[1:])

@@ -1,0 +1,78 @@
+"""MixUp: train on convex mixtures of pairs of samples and of their labels (Zhang et al., 2018).
+
+Each batch is mixed with a permutation of itself: `x = lam * x + (1 - lam) * x[perm]`, with
+`lam ~ Beta(alpha, alpha)` per batch; the per-sample loss becomes
+`lam * CE(out, y) + (1 - lam) * CE(out, y[perm])`. Random numbers come from a generator
+seeded by (seed, batch), so runs are reproducible and resume exactly.
+
+Functional form: `mixup_batch(x, y, lam, perm)` and `mixed_loss(loss_fn, out, y, y_perm, lam)`.
+The Algorithm mixes at AFTER_DATALOADER and wraps the training loss.
+"""
+from __future__ import annotations
+
+import random
+
+import torch
+
+from ..core import Algorithm, Event
+from ..utils import derive_seed
+
+
+def mixup_batch(x: torch.Tensor, y: torch.Tensor, lam: float, perm: torch.Tensor):
+    return lam * x + (1.0 - lam) * x[perm], y, y[perm]
+
+
+def mixed_loss(loss_fn, outputs, y_a, y_b, lam: float):
+    return lam * loss_fn(outputs, y_a) + (1.0 - lam) * loss_fn(outputs, y_b)
+
+
+class _MixAlgorithm(Algorithm):
+    """Shared plumbing: draw (lam, perm), change the batch, wrap the loss while training."""
+
+    events = (Event.FIT_START, Event.AFTER_DATALOADER, Event.EVAL_START, Event.EVAL_END, Event.FIT_END)
+
+    def __init__(self, alpha: float = 0.2, prob: float = 1.0):
+        if alpha <= 0 or not 0.0 <= prob <= 1.0:
+            raise ValueError(f"need alpha > 0 and 0 <= prob <= 1, got alpha={alpha}, prob={prob}")
+        self.alpha, self.prob = alpha, prob
+        self._plain = None
+        self._mix = None   # (y_b, lam) of the current batch
+
+    def _draw(self, state, n):
+        seed = derive_seed(state.seed, state.timestamp.batch, 11)
+        rng = random.Random(seed)                 # host-side draws: no device round trip
+        use = rng.random() < self.prob
+        lam = rng.betavariate(self.alpha, self.alpha)
+        perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed)).to(state.device)
+        return use, lam, perm, rng
+
+    def mix(self, x, y, lam, perm, rng):
+        """Return the mixed inputs and the weight of the original labels."""
+        raise NotImplementedError
+
+    def _loss(self, outputs, targets):
+        if self._mix is None:
+            return self._plain(outputs, targets)
+        y_b, lam = self._mix
+        return mixed_loss(self._plain, outputs, targets, y_b, lam)
+
+    def apply(self, event, state, logger):
+        if event in (Event.FIT_START, Event.EVAL_END) and self._plain is None:
+            self._plain, state.loss_fn = state.loss_fn, self._loss
+        elif event in (Event.EVAL_START, Event.FIT_END) and self._plain is not None:
+            state.loss_fn, self._plain = self._plain, None
+        elif event == Event.AFTER_DATALOADER:
+            batch = state.batch
+            x, y = batch[0], batch[1]
+            use, lam, perm, rng = self._draw(state, x.shape[0])
+            if not use:
+                self._mix = None
+                return
+            x, lam = self.mix(x, y, lam, perm, rng)
+            self._mix = (y[perm], lam)
+            state.batch = (x, y, *batch[2:])
+
+
+class MixUp(_MixAlgorithm):
+    def mix(self, x, y, lam, perm, rng):
+        return mixup_batch(x, y, lam, perm)[0], lam

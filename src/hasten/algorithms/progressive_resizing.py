@@ -1,0 +1,51 @@
+"""Progressive resizing: train on downscaled images early, full size late.
+
+The image side grows linearly from `initial_scale` of full size at `start` to full size at
+`finish` (fractions of the run), rounded to a multiple of `size_increment` pixels; batches
+are resized with `F.interpolate` (area for downscaling). Early steps cost about
+scale^2 of a full step. Evaluation always runs at full size.
+
+Functional form: `resize_batch(x, scale, size_increment)`; `resize_scale(progress, ...)`.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from ..core import Algorithm, Event
+
+
+def resize_scale(progress: float, initial_scale: float, start: float, finish: float) -> float:
+    if progress <= start:
+        return initial_scale
+    if progress >= finish:
+        return 1.0
+    return initial_scale + (1.0 - initial_scale) * (progress - start) / (finish - start)
+
+
+def resize_batch(x: torch.Tensor, scale: float, size_increment: int = 4) -> torch.Tensor:
+    h, w = x.shape[-2:]
+    nh = max(size_increment, int(round(h * scale / size_increment)) * size_increment)
+    nw = max(size_increment, int(round(w * scale / size_increment)) * size_increment)
+    if (nh, nw) == (h, w):
+        return x
+    mode = "area" if nh < h else "bilinear"
+    out = F.interpolate(x, size=(nh, nw), mode=mode, **({} if mode == "area" else {"align_corners": False}))
+    if x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous():
+        out = out.contiguous(memory_format=torch.channels_last)
+    return out
+
+
+class ProgressiveResizing(Algorithm):
+    events = (Event.AFTER_DATALOADER,)
+
+    def __init__(self, initial_scale: float = 0.5, start: float = 0.0, finish: float = 0.6, size_increment: int = 4):
+        if not 0.0 < initial_scale <= 1.0 or not 0.0 <= start <= finish <= 1.0:
+            raise ValueError("need 0 < initial_scale <= 1 and 0 <= start <= finish <= 1")
+        self.initial_scale, self.start, self.finish, self.size_increment = initial_scale, start, finish, size_increment
+
+    def apply(self, event, state, logger):
+        s = resize_scale(state.progress, self.initial_scale, self.start, self.finish)
+        if s < 1.0:
+            batch = state.batch
+            state.batch = (resize_batch(batch[0], s, self.size_increment), *batch[1:])

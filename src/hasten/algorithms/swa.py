@@ -1,0 +1,64 @@
+"""SWA: stochastic weight averaging over the last part of training (Izmailov et al., 2018).
+
+From `start` (a fraction of the run) the Algorithm keeps an equal-weight running average
+of the weights, updated every `update_every` batches, using PyTorch's own
+`torch.optim.swa_utils.AveragedModel`; at the end the average replaces the weights and
+batch-norm statistics are recomputed over the training data with `swa_utils.update_bn`
+(capped at `bn_batches` batches). Pair it with a high constant or cyclic learning rate
+over the averaging window.
+"""
+from __future__ import annotations
+
+import itertools
+
+import torch
+from torch.optim.swa_utils import AveragedModel
+
+from ..core import Algorithm, Event
+
+
+class SWA(Algorithm):
+    events = (Event.BATCH_END, Event.FIT_END)
+
+    def __init__(self, start: float = 0.75, update_every: int = 1, bn_batches: int = 50):
+        if not 0.0 <= start < 1.0:
+            raise ValueError(f"start must lie in [0, 1), got {start}")
+        self.start, self.update_every, self.bn_batches = start, int(update_every), int(bn_batches)
+        self.averaged: AveragedModel | None = None
+        self._pending = None
+
+    def apply(self, event, state, logger):
+        if self.averaged is None and self._pending is not None:   # resumed inside the window
+            self.averaged = AveragedModel(state.model, use_buffers=False)
+            self.averaged.load_state_dict(self._pending)
+            self._pending = None
+        if event == Event.BATCH_END:
+            if state.progress > self.start and state.timestamp.batch % self.update_every == 0:
+                if self.averaged is None:
+                    self.averaged = AveragedModel(state.model, use_buffers=False)
+                self.averaged.update_parameters(state.model)
+            return
+        if self.averaged is None:
+            return
+        with torch.no_grad():
+            for p, a in zip(state.model.parameters(), self.averaged.module.parameters()):
+                p.copy_(a)
+        self._update_bn(state)
+
+    @torch.no_grad()
+    def _update_bn(self, state):
+        bns = [m for m in state.model.modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)]
+        if not bns:
+            return
+        from torch.optim.swa_utils import update_bn
+        loader = state.train_dataloader
+        it = loader.iter_epoch(0) if hasattr(loader, "iter_epoch") else iter(loader)
+        batches = [b[0] if isinstance(b, (tuple, list)) else b for b in itertools.islice(it, self.bn_batches)]
+        update_bn(batches, state.model, device=state.device)
+
+    def state_dict(self):
+        return {"averaged": self.averaged.state_dict()} if self.averaged is not None else {}
+
+    def load_state_dict(self, sd):
+        if sd:
+            self._pending = sd["averaged"]

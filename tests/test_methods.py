@@ -1,0 +1,283 @@
+"""Model surgery, optimisation and augmentation methods, each against an independent reference."""
+import random
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import hasten.functional as hf
+from hasten import Algorithm, Event, Trainer
+from hasten.algorithms import (SAM, SWA, ActivationSwap, CutMix, DiracInit, FrozenBNScale, GhostBatchNormAlgorithm,
+                               GradientClipping, Lookahead, MixUp, PoolReorder, ProgressiveResizing)
+from hasten.optim import param_groups
+from hasten.optim.sgdw import SGDW, decoupled_hparams
+
+from tiny import classification_data, mlp
+
+
+def _conv_net():
+    return nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(), nn.MaxPool2d(2),
+                         nn.Conv2d(8, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(), nn.MaxPool2d(2),
+                         nn.Flatten(), nn.Linear(8 * 2 * 2, 4))
+
+
+def _img_batch(n=8, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(n, 3, 8, 8, generator=g), torch.randint(0, 4, (n,), generator=g)
+
+
+def _grab_grads():
+    out = {}
+
+    class Grab(Algorithm):
+        events = (Event.BEFORE_OPTIM_STEP,)
+
+        def apply(self, event, state, logger):
+            out["grads"] = [p.grad.clone() for p in state.model.parameters()]
+    return Grab(), out
+
+
+# ---------------------------------------------------------------------------- surgery
+def test_dirac_init_passes_input_through():
+    conv = nn.Conv2d(4, 6, 3, padding=1, bias=False)
+    hf.dirac_init_(conv)
+    x = torch.randn(2, 4, 5, 5)
+    torch.testing.assert_close(conv(x)[:, :4], x)
+    model = nn.Sequential(nn.Conv2d(4, 4, 3, padding=1), nn.Conv2d(4, 4, 2))
+    Trainer(model, [(x, x)], device="cpu", algorithms=[DiracInit()], max_duration="1ba", loss_fn=F.mse_loss)
+    assert torch.equal(model[0].weight[:, :, 1, 1], torch.eye(4))   # odd kernel: identity; even kernel untouched
+
+
+def test_pool_reorder_keeps_the_function_for_monotone_layers():
+    torch.manual_seed(0)
+    a = _conv_net()
+    for m in a.modules():   # non-trivial BN with positive scale
+        if isinstance(m, nn.BatchNorm2d):
+            m.running_mean.uniform_(-1, 1), m.running_var.uniform_(0.5, 2), m.weight.data.uniform_(0.5, 2)
+    b = _conv_net()
+    b.load_state_dict(a.state_dict())
+    assert hf.reorder_pools(b) == 2
+    assert isinstance(b[1], nn.MaxPool2d) and isinstance(b[2], nn.BatchNorm2d)
+    x, _ = _img_batch()
+    torch.testing.assert_close(a.eval()(x), b.eval()(x), rtol=1e-5, atol=1e-6)
+    assert PoolReorder().events == (Event.INIT,)
+
+
+def test_activation_swap_replaces_modules_and_the_optimizer_sees_the_new_model():
+    model = _conv_net()
+    x, y = _img_batch()
+    tr = Trainer(model, [(x, y)], device="cpu", algorithms=[ActivationSwap("relu", "celu")], max_duration="1ba",
+                 optimizers=lambda m: torch.optim.SGD(m.parameters(), lr=0.1))
+    assert not any(isinstance(m, nn.ReLU) for m in model.modules())
+    assert sum(isinstance(m, nn.CELU) for m in model.modules()) == 2
+    tr.fit()
+    with pytest.raises(ValueError, match="no relu"):
+        Trainer(nn.Sequential(nn.Linear(2, 2)), device="cpu", algorithms=[ActivationSwap("relu", "gelu")])
+
+
+def test_ghost_batchnorm_equals_batch_norm_chunk_by_chunk():
+    torch.manual_seed(0)
+    bn = nn.BatchNorm2d(5, momentum=0.2)
+    nn.init.uniform_(bn.weight), nn.init.uniform_(bn.bias)
+    ref = nn.BatchNorm2d(5, momentum=0.2)
+    ref.load_state_dict(bn.state_dict())
+    x = torch.randn(32, 5, 4, 4) * 3 + 1
+    out = hf.ghost_batch_norm(x, bn.train(), 8)
+    want = torch.cat([F.batch_norm(c, ref.running_mean, ref.running_var, ref.weight, ref.bias, True, 0.2, ref.eps)
+                      for c in x.split(8)])
+    torch.testing.assert_close(out, want)
+    torch.testing.assert_close(bn.running_mean, ref.running_mean)
+    torch.testing.assert_close(bn.running_var, ref.running_var)
+    assert not torch.allclose(out, F.batch_norm(x, None, None, bn.weight, bn.bias, True))  # not plain BN
+    model = _conv_net()
+    Trainer(model, [(x[:, :3], torch.zeros(32, dtype=torch.long))], device="cpu",
+            algorithms=[GhostBatchNormAlgorithm(8)], max_duration="1ba")
+    assert sum(type(m).__name__ == "GhostBatchNorm" for m in model.modules()) == 2
+
+
+def test_frozen_bn_scale_with_bias_lr_multiplier():
+    model = _conv_net()
+    tr = Trainer(model, [_img_batch()], device="cpu", algorithms=[FrozenBNScale(1.0, bias_lr_mult=64)],
+                 max_duration="2ba", optimizers=lambda m: torch.optim.SGD(param_groups(m, 5e-4), lr=0.01))
+    from hasten.optim import apply_lr_multipliers
+    apply_lr_multipliers(tr.state.optimizers[0])
+    tr.fit()
+    assert torch.equal(model[1].weight, torch.ones(8)) and not model[1].weight.requires_grad
+    lrs = {id(p): g["lr"] for g in tr.state.optimizers[0].param_groups for p in g["params"]}
+    assert lrs[id(model[1].bias)] == pytest.approx(0.64) and lrs[id(model[0].bias)] == pytest.approx(0.01)
+
+
+# ---------------------------------------------------------------------------- optimisation
+def test_sgdw_decays_outside_momentum():
+    torch.manual_seed(0)
+    w0 = torch.randn(5)
+    grads = [torch.randn(5) for _ in range(4)]
+    p = nn.Parameter(w0.clone())
+    opt = SGDW([p], lr=0.1, momentum=0.9, weight_decay=0.05, nesterov=True)
+    w, buf = w0.clone(), None          # reference: decay, then Nesterov SGD on the bare gradient
+    for g in grads:
+        p.grad = g.clone()
+        opt.step()
+        w = w * (1 - 0.1 * 0.05)
+        buf = g.clone() if buf is None else 0.9 * buf + g
+        w = w - 0.1 * (g + 0.9 * buf)
+    torch.testing.assert_close(p.detach(), w)
+
+
+def test_decoupled_hparams_are_independent_of_momentum_and_batch_size():
+    # the steady-state step per example and the shrink per example stay the same
+    for m, b in ((0.0, 128), (0.9, 512), (0.85, 1024)):
+        h = decoupled_hparams(lr=1e-3, weight_decay=1e-6, momentum=m, batch_size=b)
+        assert h["lr"] / (1 - m) / b == pytest.approx(1e-3)
+        assert h["lr"] * h["weight_decay"] / b == pytest.approx(1e-6)
+
+
+def test_lookahead_matches_a_hand_loop():
+    x, y = classification_data(n=16)
+    torch.manual_seed(0)
+    model = mlp()
+    ref = mlp()
+    ref.load_state_dict(model.state_dict())
+    Trainer(model, [(x, y)] * 7, device="cpu", max_duration="7ba", algorithms=[Lookahead(k=3, alpha=0.5)],
+            optimizers=lambda m: torch.optim.SGD(m.parameters(), lr=0.1)).fit()
+    opt = torch.optim.SGD(ref.parameters(), lr=0.1)
+    slow = [p.detach().clone() for p in ref.parameters()]
+    for step in range(1, 8):
+        F.cross_entropy(ref(x), y).backward()
+        opt.step()
+        opt.zero_grad()
+        if step % 3 == 0:
+            with torch.no_grad():
+                for s, p in zip(slow, ref.parameters()):
+                    s += 0.5 * (p - s)
+                    p.copy_(s)
+    for a, b in zip(model.parameters(), ref.parameters()):
+        torch.testing.assert_close(a, b)
+
+
+def test_sam_gradient_matches_the_two_pass_definition():
+    x, y = classification_data(n=16)
+    torch.manual_seed(0)
+    model = mlp()
+    ref = mlp()
+    ref.load_state_dict(model.state_dict())
+    init = [p.detach().clone() for p in model.parameters()]
+    grab, out = _grab_grads()
+    tr = Trainer(model, [(x, y)], device="cpu", max_duration="1ba", algorithms=[SAM(rho=0.1), grab],
+                 optimizers=lambda m: torch.optim.SGD(m.parameters(), lr=0.0))
+    tr.fit()
+    params = list(ref.parameters())
+    g = torch.autograd.grad(F.cross_entropy(ref(x), y), params)
+    norm = torch.sqrt(sum((t ** 2).sum() for t in g))
+    with torch.no_grad():
+        for p, t in zip(params, g):
+            p += 0.1 * t / norm
+    g2 = torch.autograd.grad(F.cross_entropy(ref(x), y), params)
+    for a, b in zip(out["grads"], g2):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    for p, q in zip(tr.state.model.parameters(), init):   # back at the weights (lr 0)
+        torch.testing.assert_close(p, q)
+
+
+def test_adaptive_clipping_matches_a_row_by_row_reference():
+    torch.manual_seed(0)
+    lin = nn.Linear(6, 4)
+    lin.weight.grad = torch.randn(4, 6) * 10
+    lin.bias.grad = torch.randn(4) * 10
+    w, g, gb = lin.weight.detach().clone(), lin.weight.grad.clone(), lin.bias.grad.clone()
+    hf.adaptive_clip_grad_(lin.parameters(), clip=0.05)
+    for i in range(4):
+        limit = 0.05 * max(w[i].norm().item(), 1e-3)
+        want = g[i] * min(1.0, limit / g[i].norm().item())
+        torch.testing.assert_close(lin.weight.grad[i], want)
+    assert torch.equal(lin.bias.grad, gb)   # vectors untouched
+
+
+@pytest.mark.parametrize("mode,check", [
+    ("norm", lambda gs: torch.sqrt(sum((g ** 2).sum() for g in gs)).item() <= 0.01 + 1e-6),
+    ("value", lambda gs: max(g.abs().max().item() for g in gs) <= 0.01 + 1e-9)])
+def test_gradient_clipping_modes(mode, check):
+    x, y = classification_data(n=16)
+    grab, out = _grab_grads()
+    Trainer(mlp(), [(x, y)], device="cpu", max_duration="1ba",
+            algorithms=[GradientClipping(mode, 0.01), grab]).fit()
+    assert check(out["grads"])
+
+
+def test_swa_average_matches_a_hand_average():
+    x, y = classification_data(n=16)
+    torch.manual_seed(0)
+    model = mlp()
+    snaps = []
+
+    class Snap(Algorithm):
+        events = (Event.BATCH_END,)
+
+        def apply(self, event, state, logger):
+            if state.progress > 0.5:
+                snaps.append([p.detach().clone() for p in state.model.parameters()])
+
+    Trainer(model, [(x, y)] * 8, device="cpu", max_duration="8ba", algorithms=[SWA(start=0.5), Snap()],
+            optimizers=lambda m: torch.optim.SGD(m.parameters(), lr=0.1)).fit()
+    assert len(snaps) == 4
+    for i, p in enumerate(model.parameters()):
+        torch.testing.assert_close(p, torch.stack([s[i] for s in snaps]).mean(0))
+
+
+# ---------------------------------------------------------------------------- augmentation
+def test_mixup_loss_is_the_mixture_of_the_two_labels():
+    x, y = classification_data(n=16)
+    seen = {}
+
+    class Spy(Algorithm):   # runs after MixUp on AFTER_DATALOADER, before it on AFTER_LOSS (reversed)
+        events = (Event.AFTER_LOSS,)
+
+        def apply(self, event, state, logger):
+            seen["loss"], seen["outputs"], seen["x"] = state.loss.detach(), state.outputs.detach(), state.micro_batch[0]
+
+    mix = MixUp(alpha=0.4)
+    Trainer(mlp(), [(x, y)], device="cpu", max_duration="1ba", algorithms=[mix, Spy()]).fit()
+    rng = random.Random(__import__("hasten.utils", fromlist=["derive_seed"]).derive_seed(0, 0, 11))
+    rng.random()
+    lam = rng.betavariate(0.4, 0.4)
+    perm = torch.randperm(16, generator=torch.Generator().manual_seed(
+        __import__("hasten.utils", fromlist=["derive_seed"]).derive_seed(0, 0, 11)))
+    torch.testing.assert_close(seen["x"], lam * x + (1 - lam) * x[perm])
+    out = seen["outputs"]
+    want = lam * F.cross_entropy(out, y, reduction="none") + (1 - lam) * F.cross_entropy(out, y[perm], reduction="none")
+    torch.testing.assert_close(seen["loss"], want)
+
+
+def test_cutmix_box_area_sets_the_label_weight():
+    x = torch.arange(2 * 1 * 8 * 8, dtype=torch.float32).view(2, 1, 8, 8)
+    perm = torch.tensor([1, 0])
+    box = (2, 6, 1, 5)
+    out, lam = hf.cutmix_batch(x, perm, box)
+    assert lam == pytest.approx(1 - 16 / 64)
+    assert torch.equal(out[0, :, 2:6, 1:5], x[1, :, 2:6, 1:5]) and torch.equal(out[0, :, 0, :], x[0, :, 0, :])
+    t, b, l, r = hf.cutmix_box(32, 32, 0.75, random.Random(0))
+    assert 0 <= t < b <= 32 and 0 <= l < r <= 32
+    x, y = _img_batch(16)
+    Trainer(_conv_net(), [(x, y)], device="cpu", max_duration="1ba", algorithms=[CutMix()]).fit()
+
+
+def test_progressive_resizing_scales_early_batches_and_evaluates_full_size():
+    assert hf.resize_scale(0.0, 0.5, 0.0, 0.6) == 0.5 and hf.resize_scale(0.7, 0.5, 0.0, 0.6) == 1.0
+    x = torch.randn(2, 3, 32, 32)
+    small = hf.resize_batch(x, 0.5)
+    assert small.shape[-2:] == (16, 16)
+    torch.testing.assert_close(small, F.avg_pool2d(x, 2))   # area downscaling by 2 is 2x2 averaging
+    sizes = []
+
+    class Spy(Algorithm):
+        events = (Event.BEFORE_FORWARD,)
+
+        def apply(self, event, state, logger):
+            sizes.append(state.micro_batch[0].shape[-1])
+
+    model = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(4, 4))
+    xb, yb = torch.randn(4, 3, 32, 32), torch.zeros(4, dtype=torch.long)
+    Trainer(model, [(xb, yb)] * 10, device="cpu", max_duration="10ba",
+            algorithms=[ProgressiveResizing(0.5, 0.0, 0.6), Spy()]).fit()
+    assert sizes[0] == 16 and sizes[-1] == 32 and sizes == sorted(sizes)
