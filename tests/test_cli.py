@@ -68,3 +68,47 @@ def test_cifar_baseline_smoke_on_tiny_generated_data(tmp_path):
                 "model.width=4", "trainer.max_duration=2ep", "schedule.warmup=1ep", "--no-progress", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     assert "val/acc=" in r.stdout
+
+
+def _tiny_official_cifar(path, n=24):
+    """A CIFAR-10 folder in the official batch format, with n images per batch."""
+    import pickle
+
+    import numpy as np
+    rng = np.random.default_rng(0)
+    path.mkdir()
+    for name in [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]:
+        data = rng.integers(0, 256, (n, 3072), dtype=np.uint8)
+        with open(path / name, "wb") as f:
+            pickle.dump({b"data": data, b"labels": rng.integers(0, 10, n).tolist()}, f)
+    return path
+
+
+@pytest.mark.parametrize("recipe", ["cifar10-fast", "cifar10-narrow-infobatch", "cifar10-narrow-selective-backprop"])
+def test_vision_recipes_run_on_tiny_data(tmp_path, recipe):
+    path = _tiny_official_cifar(tmp_path / "cifar")
+    r = _hasten("train", recipe, f"data.path={path}", "data.batch_size=16", "data.eval_batch_size=40",
+                "model.widths=[8,8,8]", "trainer.max_duration=3ep", "trainer.eval_interval=3ep",
+                "algorithms.patch_whitening.num_images=100", "--no-progress", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "val/acc=" in r.stdout
+
+
+def test_imagenet_recipes_smoke_on_a_generated_image_folder(tmp_path):
+    import numpy as np
+    from PIL import Image
+    rng = np.random.default_rng(0)
+    for split, n in (("train", 6), ("val", 4)):
+        for c in ("cat", "dog"):
+            (tmp_path / "img" / split / c).mkdir(parents=True)
+            for i in range(n):
+                h, w = rng.integers(40, 72, 2)
+                Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8)).save(tmp_path / "img" / split / c / f"{i}.jpg")
+    for recipe in ("resnet50-imagenet-baseline", "resnet50-imagenet-fast"):
+        r = _hasten("train", recipe, f"data.path={tmp_path / 'img'}", "data.image_size=32", "data.eval_resize=36",
+                    "data.batch_size=4", "data.eval_batch_size=4", "data.num_workers=0", "model.num_classes=2",
+                    "model.width=8", "trainer.max_duration=1ep", "schedule.warmup=1ba", "--no-progress", cwd=tmp_path)
+        assert r.returncode == 0, (recipe, r.stderr[-2000:])
+        assert "val/acc=" in r.stdout
+    r = _hasten("train", "resnet50-imagenet-baseline", f"data.path={tmp_path / 'nothing'}", "--no-progress", cwd=tmp_path)
+    assert r.returncode != 0 and "no image folder" in r.stderr

@@ -281,3 +281,56 @@ def test_progressive_resizing_scales_early_batches_and_evaluates_full_size():
     Trainer(model, [(xb, yb)] * 10, device="cpu", max_duration="10ba",
             algorithms=[ProgressiveResizing(0.5, 0.0, 0.6), Spy()]).fit()
     assert sizes[0] == 16 and sizes[-1] == 32 and sizes == sorted(sizes)
+
+
+# ---------------------------------------------------------------------------- anti-aliasing, depth, freezing
+def test_blur_is_the_separable_121_filter():
+    x = torch.randn(2, 3, 6, 6)
+    p = F.pad(x, (1, 1, 1, 1), mode="reflect")
+    rows = (p[..., :-2, :] + 2 * p[..., 1:-1, :] + p[..., 2:, :]) / 4
+    want = (rows[..., :-2] + 2 * rows[..., 1:-1] + rows[..., 2:]) / 4
+    torch.testing.assert_close(hf.blur2d(x, 1), want)
+    torch.testing.assert_close(hf.blur2d(x, 2), want[..., ::2, ::2])
+    model = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.MaxPool2d(2), nn.Conv2d(16, 16, 3, stride=2, padding=1))
+    assert hf.apply_blurpool(model) == 2
+    assert model(torch.randn(1, 3, 16, 16)).shape == (1, 16, 4, 4)
+
+
+def test_stochastic_depth_keeps_the_expectation_and_eval_is_exact():
+    from hasten.algorithms import StochasticDepth
+    from hasten.models import resnet18
+    y = torch.ones(20000, 3)
+    out = hf.drop_path(y, 0.3, torch.Generator().manual_seed(0))
+    vals = out[:, 0].unique()
+    assert len(vals) == 2 and vals[0] == 0 and vals[1].item() == pytest.approx(1 / 0.7)
+    assert out.mean().item() == pytest.approx(1.0, abs=0.02)
+    torch.manual_seed(0)
+    model = resnet18(10, "cifar", width=8)
+    ref = resnet18(10, "cifar", width=8)
+    ref.load_state_dict(model.state_dict())
+    Trainer(model, [_img_batch(4)], device="cpu", algorithms=[StochasticDepth(0.5)], max_duration="1ba")
+    rates = [m.p for m in model.modules() if type(m).__name__ == "DropPath"]
+    assert len(rates) == 8 and rates[-1] == pytest.approx(0.5) and rates == sorted(rates)
+    x, _ = _img_batch(4)
+    torch.testing.assert_close(model.eval()(x), ref.eval()(x))
+
+
+def test_layer_freezing_freezes_the_first_tensors_progressively():
+    from hasten.algorithms import LayerFreezing
+    x, y = classification_data(n=16)
+    model = mlp()
+    first_w = model[0].weight.detach().clone()
+    Trainer(model, [(x, y)] * 10, device="cpu", max_duration="10ba", algorithms=[LayerFreezing(0.0, 0.75)],
+            optimizers=lambda m: torch.optim.SGD(m.parameters(), lr=0.1)).fit()
+    assert not model[0].weight.requires_grad and not model[0].bias.requires_grad
+    assert model[2].weight.requires_grad
+    assert not torch.equal(model[0].weight, first_w)   # it trained before being frozen
+
+
+# ---------------------------------------------------------------------------- models
+def test_resnet_sizes_match_the_published_counts():
+    from hasten.models import resnet18, resnet50
+    count = lambda m: sum(p.numel() for p in m.parameters())   # noqa: E731
+    assert count(resnet18()) == 11_689_512 and count(resnet50()) == 25_557_032   # torchvision's counts
+    assert count(resnet18(10, "cifar")) == 11_173_962
+    assert resnet50(10, "cifar", width=8)(torch.randn(2, 3, 32, 32)).shape == (2, 10)

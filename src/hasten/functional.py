@@ -6,16 +6,19 @@
 """
 from .algorithms.activation_swap import swap_activations
 from .algorithms.batch_size_warmup import take_batch
+from .algorithms.blurpool import apply_blurpool, blur2d
 from .algorithms.cutmix import cutmix_batch, cutmix_box
 from .algorithms.dirac_init import dirac_init_
 from .algorithms.frozen_bn import freeze_bn_scale
 from .algorithms.ghost_batchnorm import apply_ghost_batchnorm, ghost_batch_norm
 from .algorithms.grad_clipping import adaptive_clip_grad_
+from .algorithms.layer_freezing import freeze_first
 from .algorithms.lookahead import lookahead_sync
 from .algorithms.mixup import mixed_loss, mixup_batch
 from .algorithms.pool_reorder import reorder_pools
 from .algorithms.progressive_resizing import resize_batch, resize_scale
 from .algorithms.sam import sam_perturb, sam_restore
+from .algorithms.stochastic_depth import drop_path
 from .algorithms.channels_last import apply_channels_last
 from .algorithms.ema import ema_update
 from .algorithms.infobatch import InfoBatchPruner, infobatch_plan

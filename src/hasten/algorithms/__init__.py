@@ -4,17 +4,20 @@ REGISTRY maps the names used in recipes to Algorithm classes.
 """
 from .activation_swap import ActivationSwap, swap_activations
 from .batch_size_warmup import BatchSizeWarmup, take_batch
+from .blurpool import BlurPool, apply_blurpool, blur2d
 from .cutmix import CutMix, cutmix_batch, cutmix_box
 from .cutout import CutOut
 from .dirac_init import DiracInit, dirac_init_
 from .frozen_bn import FrozenBNScale, freeze_bn_scale
 from .ghost_batchnorm import GhostBatchNorm, GhostBatchNormAlgorithm, apply_ghost_batchnorm, ghost_batch_norm
 from .grad_clipping import GradientClipping, adaptive_clip_grad_
+from .layer_freezing import LayerFreezing, freeze_first
 from .lookahead import Lookahead, lookahead_sync
 from .mixup import MixUp, mixed_loss, mixup_batch
 from .pool_reorder import PoolReorder, reorder_pools
 from .progressive_resizing import ProgressiveResizing, resize_batch, resize_scale
 from .sam import SAM, sam_perturb, sam_restore
+from .stochastic_depth import StochasticDepth, drop_path
 from .swa import SWA
 from .channels_last import ChannelsLast, apply_channels_last
 from .delay import Delay
@@ -34,7 +37,8 @@ REGISTRY = {"ema": EMA, "delay": Delay, "seq_len_warmup": SeqLenWarmup, "batch_s
             "cutout": CutOut, "dirac_init": DiracInit, "frozen_bn_scale": FrozenBNScale,
             "ghost_batchnorm": GhostBatchNormAlgorithm, "gradient_clipping": GradientClipping,
             "lookahead": Lookahead, "mixup": MixUp, "pool_reorder": PoolReorder,
-            "progressive_resizing": ProgressiveResizing, "sam": SAM, "swa": SWA}
+            "progressive_resizing": ProgressiveResizing, "sam": SAM, "swa": SWA, "blurpool": BlurPool,
+            "stochastic_depth": StochasticDepth, "layer_freezing": LayerFreezing}
 
 import types as _types
 

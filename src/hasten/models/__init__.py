@@ -1,10 +1,10 @@
 """Reference models, and a registry of them by name (used by recipes and proxies)."""
 from .flops import forward_flops, training_flops_per_sample
 from .gpt import GPT, GPTConfig
-from .resnet import ResNet9
+from .resnet import ResNet, ResNet9, resnet18, resnet50
 from .speedrun import SpeedrunNet
 
-MODELS = {"resnet9": ResNet9, "speedrun": SpeedrunNet}
+MODELS = {"resnet9": ResNet9, "speedrun": SpeedrunNet, "resnet18": resnet18, "resnet50": resnet50}
 
 
 def build_model(name: str, **kwargs):
@@ -13,5 +13,5 @@ def build_model(name: str, **kwargs):
     return MODELS[name](**kwargs)
 
 
-__all__ = ["GPT", "GPTConfig", "MODELS", "ResNet9", "SpeedrunNet", "build_model", "forward_flops",
+__all__ = ["GPT", "GPTConfig", "MODELS", "ResNet", "ResNet9", "resnet18", "resnet50", "SpeedrunNet", "build_model", "forward_flops",
            "training_flops_per_sample"]

@@ -1,4 +1,4 @@
-"""Image classification (CIFAR-10) with the reference conv nets.
+"""Image classification (CIFAR-10, or any ImageNet-style image folder) with the reference conv nets.
 
 Two loaders: `dataloader` (a host DataLoader with worker processes and per-sample
 augmentation: what most users write) and `device` (hasten.data.DeviceLoader: the dataset
@@ -25,8 +25,12 @@ from .base import Built
 
 @dataclass
 class DataConfig:
-    dataset: Literal["cifar10"] = "cifar10"
-    path: Optional[str] = None            # local copy: official archive/folder or image-folder zip
+    dataset: Literal["cifar10", "imagefolder"] = "cifar10"
+    path: Optional[str] = None            # cifar10: official archive/folder or image-folder zip; imagefolder: root
+    image_size: int = 224                 # imagefolder: training crop and evaluation size
+    eval_resize: int = 256                # imagefolder: shorter side before the central crop
+    train_split: str = "train"            # imagefolder: sub-folder names
+    eval_split: str = "val"
     loader: Literal["dataloader", "device"] = "dataloader"
     batch_size: int = 512
     eval_batch_size: int = 1000
@@ -46,7 +50,8 @@ def model_config(raw: dict) -> dict:
     if name not in MODELS:
         raise ConfigError(f"model.name: {name!r} is not a known model; choose one of {sorted(MODELS)}."
                           + (_suggest(str(name), MODELS) if name else ""))
-    return {"name": name, **signature_config(MODELS[name].__init__, raw, "model")}
+    ctor = MODELS[name]
+    return {"name": name, **signature_config(ctor.__init__ if isinstance(ctor, type) else ctor, raw, "model")}
 
 
 def _device_loaders(d: DataConfig, data, seed: int, device):
@@ -60,8 +65,35 @@ def _device_loaders(d: DataConfig, data, seed: int, device):
     return train, test
 
 
+def _build_imagefolder(recipe) -> Built:
+    from ..data.imagefolder import ImageFolder, RandomResizedCrop, ResizeCenterCrop
+    d: DataConfig = recipe.data
+    if d.loader != "dataloader":
+        raise ConfigError("data.dataset=imagefolder decodes images in DataLoader workers: use data.loader=dataloader")
+    if not d.path:
+        raise ConfigError("data.dataset=imagefolder needs data.path=<root with train/ and val/ class folders>")
+    train_set = ImageFolder(d.path, d.train_split)
+    eval_set = ImageFolder(d.path, d.eval_split, classes=train_set.classes)
+    params = dict(recipe.model)
+    model = MODELS[params.pop("name")](**params)
+    seed = recipe.trainer.seed
+    train = make_dataloader(train_set, d.batch_size, shuffle=True, seed=seed, transform=RandomResizedCrop(d.image_size, flip=d.flip),
+                            num_workers=d.num_workers, drop_last=d.drop_last)
+    test = make_dataloader(eval_set, d.eval_batch_size, shuffle=False, seed=seed,
+                           transform=ResizeCenterCrop(d.eval_resize, d.image_size), num_workers=d.num_workers)
+    flops = training_flops_per_sample(model, torch.zeros(1, 3, d.image_size, d.image_size))
+    n = len(train_set.classes)
+    return Built(model=model, train_dataloader=train, eval_dataloader=test,
+                 metrics={"acc": torchmetrics.classification.MulticlassAccuracy(n, average="micro")},
+                 flops_per_sample=flops,
+                 info={"train_images": len(train_set), "eval_images": len(eval_set), "classes": n,
+                       "params": sum(p.numel() for p in model.parameters())})
+
+
 def build(recipe) -> Built:
     d: DataConfig = recipe.data
+    if d.dataset == "imagefolder":
+        return _build_imagefolder(recipe)
     data = load_cifar10(d.path)
     params = dict(recipe.model)
     model = MODELS[params.pop("name")](**params)

@@ -1,0 +1,44 @@
+"""Layer freezing: stop training the first layers progressively in the late part of the run.
+
+Early layers converge first (Raghu et al., 2017, SVCCA); freezing them saves their weight
+gradients and optimizer updates. From `start` (a fraction of the run) the first parameter
+tensors, in model order, are frozen so that the frozen share grows linearly to `fraction`
+at the end. Frozen tensors get `requires_grad=False`: autograd does not compute their
+weight gradients and the optimizer skips them.
+
+Functional form: `freeze_first(model, fraction)` returns how many tensors are frozen.
+"""
+from __future__ import annotations
+
+import torch
+
+from ..core import Algorithm, Event
+
+
+def freeze_first(model: torch.nn.Module, fraction: float) -> int:
+    params = [p for p in model.parameters()]
+    n = int(len(params) * max(0.0, min(1.0, fraction)))
+    for p in params[:n]:
+        p.requires_grad_(False)
+        p.grad = None
+    return n
+
+
+class LayerFreezing(Algorithm):
+    events = (Event.BATCH_START,)
+
+    def __init__(self, start: float = 0.5, fraction: float = 0.5):
+        if not 0.0 <= start < 1.0 or not 0.0 <= fraction <= 1.0:
+            raise ValueError("need 0 <= start < 1 and 0 <= fraction <= 1")
+        self.start, self.fraction = start, fraction
+        self.frozen = 0
+
+    def apply(self, event, state, logger):
+        p = state.progress
+        if p < self.start:
+            return
+        want = self.fraction * (p - self.start) / (1.0 - self.start)
+        n = freeze_first(state.model, want)
+        if n != self.frozen:
+            self.frozen = n
+            logger.log({"layer_freezing/frozen_tensors": n})
