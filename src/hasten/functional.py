@@ -14,12 +14,14 @@ from .algorithms.ghost_batchnorm import apply_ghost_batchnorm, ghost_batch_norm
 from .algorithms.grad_clipping import adaptive_clip_grad_
 from .algorithms.layer_freezing import freeze_first
 from .algorithms.lookahead import lookahead_sync
+from .algorithms.low_precision_layernorm import apply_low_precision_layernorm, low_precision_layer_norm
 from .algorithms.mixup import mixed_loss, mixup_batch
 from .algorithms.pool_reorder import reorder_pools
 from .algorithms.progressive_resizing import resize_batch, resize_scale
 from .algorithms.sam import sam_perturb, sam_restore
 from .algorithms.stochastic_depth import drop_path
 from .algorithms.channels_last import apply_channels_last
+from .algorithms.chunked_ce import chunked_cross_entropy
 from .algorithms.ema import ema_update
 from .algorithms.infobatch import InfoBatchPruner, infobatch_plan
 from .algorithms.label_smoothing import smooth_labels, smoothed_cross_entropy

@@ -13,12 +13,14 @@ from .ghost_batchnorm import GhostBatchNorm, GhostBatchNormAlgorithm, apply_ghos
 from .grad_clipping import GradientClipping, adaptive_clip_grad_
 from .layer_freezing import LayerFreezing, freeze_first
 from .lookahead import Lookahead, lookahead_sync
+from .low_precision_layernorm import LowPrecisionLayerNorm, LPLayerNorm, low_precision_layer_norm
 from .mixup import MixUp, mixed_loss, mixup_batch
 from .pool_reorder import PoolReorder, reorder_pools
 from .progressive_resizing import ProgressiveResizing, resize_batch, resize_scale
 from .sam import SAM, sam_perturb, sam_restore
 from .stochastic_depth import StochasticDepth, drop_path
 from .swa import SWA
+from .chunked_ce import ChunkedCrossEntropy, chunked_cross_entropy
 from .channels_last import ChannelsLast, apply_channels_last
 from .delay import Delay
 from .ema import EMA, ema_update
@@ -38,7 +40,8 @@ REGISTRY = {"ema": EMA, "delay": Delay, "seq_len_warmup": SeqLenWarmup, "batch_s
             "ghost_batchnorm": GhostBatchNormAlgorithm, "gradient_clipping": GradientClipping,
             "lookahead": Lookahead, "mixup": MixUp, "pool_reorder": PoolReorder,
             "progressive_resizing": ProgressiveResizing, "sam": SAM, "swa": SWA, "blurpool": BlurPool,
-            "stochastic_depth": StochasticDepth, "layer_freezing": LayerFreezing}
+            "stochastic_depth": StochasticDepth, "layer_freezing": LayerFreezing,
+            "chunked_cross_entropy": ChunkedCrossEntropy, "low_precision_layernorm": LowPrecisionLayerNorm}
 
 import types as _types
 

@@ -67,15 +67,36 @@ def split_tokens(tokens: torch.Tensor, train_fraction: float = 0.9) -> tuple[tor
     return tokens[:n], tokens[n:]
 
 
+def load_token_file(path, dtype: str = "uint16"):
+    """A flat file of token ids (nanoGPT's train.bin / val.bin: uint16 for GPT-2's vocabulary),
+    memory-mapped: only the windows drawn are read."""
+    import numpy as np
+    p = Path(path).expanduser()
+    if not p.is_file():
+        raise FileNotFoundError(f"token file {p} not found: give a flat binary file of {dtype} token ids "
+                                "(e.g. nanoGPT's data/openwebtext/prepare.py writes train.bin and val.bin)")
+    return np.memmap(p, dtype=np.dtype(dtype), mode="r")
+
+
+def _as_long(tokens) -> torch.Tensor:
+    import numpy as np
+    if isinstance(tokens, np.ndarray):
+        return torch.from_numpy(np.asarray(tokens, dtype=np.int64))
+    return tokens.long()
+
+
 class RandomWindows:
     """Batches of `batch_size` random windows of `block_size` tokens (inputs) and the same
     windows shifted by one (targets). An epoch is len(tokens) // (batch_size * block_size)
-    batches: about one pass worth of tokens."""
+    batches: about one pass worth of tokens. `tokens` may be a tensor or a (memory-mapped)
+    numpy array, from which only the drawn windows are read."""
 
-    def __init__(self, tokens: torch.Tensor, block_size: int, batch_size: int, seed: int = 0):
+    def __init__(self, tokens, block_size: int, batch_size: int, seed: int = 0):
         if len(tokens) <= block_size + 1:
             raise ValueError(f"the text has {len(tokens)} tokens; it needs more than block_size+1={block_size + 1}")
-        self.tokens, self.block_size, self.batch_size, self.seed = tokens.long(), block_size, batch_size, seed
+        self._mapped = not isinstance(tokens, torch.Tensor)
+        self.tokens = tokens if self._mapped else tokens.long()
+        self.block_size, self.batch_size, self.seed = block_size, batch_size, seed
         self._offsets = torch.arange(block_size + 1)
 
     def __len__(self) -> int:
@@ -84,7 +105,8 @@ class RandomWindows:
     def batch(self, epoch: int, index: int) -> tuple[torch.Tensor, torch.Tensor]:
         g = torch.Generator().manual_seed(derive_seed(self.seed, epoch, index))
         starts = torch.randint(len(self.tokens) - self.block_size - 1, (self.batch_size,), generator=g)
-        windows = self.tokens[starts[:, None] + self._offsets]
+        idx = starts[:, None] + self._offsets
+        windows = _as_long(self.tokens[idx.numpy()]) if self._mapped else self.tokens[idx]
         return windows[:, :-1], windows[:, 1:]
 
     def iter_epoch(self, epoch: int, skip_batches: int = 0):
@@ -103,8 +125,8 @@ class EvalWindows:
         if n < 1:
             raise ValueError(f"the validation text has {len(tokens)} tokens, fewer than one window of {block_size}")
         self.block_size, self.batch_size = block_size, batch_size
-        self.x = tokens[: n * block_size].long().view(n, block_size)
-        self.y = tokens[1: n * block_size + 1].long().view(n, block_size)
+        self.x = _as_long(tokens[: n * block_size]).view(n, block_size)
+        self.y = _as_long(tokens[1: n * block_size + 1]).view(n, block_size)
 
     def __len__(self) -> int:
         return -(-len(self.x) // self.batch_size)

@@ -5,4 +5,4 @@ Each task module defines `DataConfig` (a dataclass), `model_config(raw) -> confi
 """
 from . import char_lm, image_classification
 
-TASKS = {"char_lm": char_lm, "image_classification": image_classification}
+TASKS = {"char_lm": char_lm, "lm": char_lm, "image_classification": image_classification}

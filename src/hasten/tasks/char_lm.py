@@ -1,11 +1,14 @@
-"""Character- or byte-level language modelling with the GPT of hasten.models.gpt."""
+"""Language modelling with the GPT of hasten.models.gpt: character- or byte-level text, or
+pre-tokenised token files (`tokenizer: none` with `train_file`/`val_file`, e.g. GPT-2 BPE
+ids as nanoGPT's prepare scripts write them). Registered as tasks `char_lm` and `lm`."""
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from typing import Literal, Optional
 
 from ..config import ConfigError, from_dict
-from ..data.text import ByteTokenizer, CharTokenizer, EvalWindows, RandomWindows, load_text, split_tokens
+from ..data.text import (ByteTokenizer, CharTokenizer, EvalWindows, RandomWindows, load_text, load_token_file,
+                         split_tokens)
 from ..models.gpt import GPT, GPTConfig
 from .base import Built
 
@@ -13,7 +16,11 @@ from .base import Built
 @dataclass
 class DataConfig:
     source: str = "tinyshakespeare"      # a packaged corpus or a path to a text file
-    tokenizer: Literal["char", "byte"] = "char"
+    tokenizer: Literal["char", "byte", "none"] = "char"   # none: pre-tokenised train_file / val_file
+    train_file: Optional[str] = None     # flat token-id files (tokenizer: none)
+    val_file: Optional[str] = None
+    token_dtype: str = "uint16"
+    eval_tokens: Optional[int] = None    # evaluate on the first N validation tokens (default: all)
     block_size: int = 64
     batch_size: int = 12
     eval_block_size: Optional[int] = None  # default: block_size
@@ -30,17 +37,28 @@ def model_config(raw: dict) -> ModelConfig:
     return from_dict(ModelConfig, raw or {}, "model")
 
 
-def build(recipe) -> Built:
-    d: DataConfig = recipe.data
+def _tokens(d: DataConfig):
+    if d.tokenizer == "none":
+        if not (d.train_file and d.val_file):
+            raise ConfigError("data.tokenizer=none needs data.train_file and data.val_file (flat token-id files)")
+        return load_token_file(d.train_file, d.token_dtype), load_token_file(d.val_file, d.token_dtype), None
     text = load_text(d.source)
     tok = CharTokenizer(text) if d.tokenizer == "char" else ByteTokenizer()
     train, val = split_tokens(tok.encode(text), d.train_fraction)
+    return train, val, tok
+
+
+def build(recipe) -> Built:
+    d: DataConfig = recipe.data
+    train, val, tok = _tokens(d)
+    if d.eval_tokens:
+        val = val[:d.eval_tokens + 1]
     m: ModelConfig = recipe.model
     eval_block = d.eval_block_size or d.block_size
     block = max(d.block_size, eval_block)
     if m.block_size < block:
         m = replace(m, block_size=block)
-    if m.vocab_size != tok.vocab_size:
+    if tok is not None and m.vocab_size != tok.vocab_size:
         m = replace(m, vocab_size=tok.vocab_size)
     try:
         cfg = GPTConfig(**{k: v for k, v in vars(m).items() if k != "name"})
@@ -51,5 +69,5 @@ def build(recipe) -> Built:
         model=model,
         train_dataloader=RandomWindows(train, d.block_size, d.batch_size, seed=recipe.trainer.seed),
         eval_dataloader=EvalWindows(val, eval_block, d.eval_batch_size),
-        info={"params": model.num_params(), "vocab_size": tok.vocab_size, "train_tokens": len(train),
+        info={"params": model.num_params(), "vocab_size": cfg.vocab_size, "train_tokens": len(train),
               "val_tokens": len(val), "tokenizer": tok})
