@@ -13,7 +13,7 @@ from hasten.algorithms import (SAM, SWA, ActivationSwap, CutMix, DiracInit, Froz
 from hasten.optim import param_groups
 from hasten.optim.sgdw import SGDW, decoupled_hparams
 
-from tiny import classification_data, mlp
+from tiny import classification_data, mlp, model_and_twin
 
 
 def _conv_net():
@@ -135,10 +135,7 @@ def test_decoupled_hparams_are_independent_of_momentum_and_batch_size():
 
 def test_lookahead_matches_a_hand_loop():
     x, y = classification_data(n=16)
-    torch.manual_seed(0)
-    model = mlp()
-    ref = mlp()
-    ref.load_state_dict(model.state_dict())
+    model, ref = model_and_twin()
     Trainer(model, [(x, y)] * 7, device="cpu", max_duration="7ba", algorithms=[Lookahead(k=3, alpha=0.5)],
             optimizers=lambda m: torch.optim.SGD(m.parameters(), lr=0.1)).fit()
     opt = torch.optim.SGD(ref.parameters(), lr=0.1)
@@ -158,10 +155,7 @@ def test_lookahead_matches_a_hand_loop():
 
 def test_sam_gradient_matches_the_two_pass_definition():
     x, y = classification_data(n=16)
-    torch.manual_seed(0)
-    model = mlp()
-    ref = mlp()
-    ref.load_state_dict(model.state_dict())
+    model, ref = model_and_twin()
     init = [p.detach().clone() for p in model.parameters()]
     grab, out = _grab_grads()
     tr = Trainer(model, [(x, y)], device="cpu", max_duration="1ba", algorithms=[SAM(rho=0.1), grab],

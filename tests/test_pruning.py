@@ -11,7 +11,7 @@ from hasten.algorithms import InfoBatch, InfoBatchPruner, ProxySelection, Select
 from hasten.data import DeviceLoader, TensorPairs, make_dataloader
 from hasten.optim import LRSchedule
 
-from tiny import classification_data, mlp
+from tiny import classification_data, mlp, model_and_twin
 
 
 # ---------------------------------------------------------------------------- the plan
@@ -230,10 +230,7 @@ def test_select_hardest_is_topk():
 
 def test_selective_backprop_gradient_is_that_of_the_hardest_samples():
     x, y = classification_data(n=32)
-    torch.manual_seed(0)
-    model = mlp()
-    ref_model = mlp()
-    ref_model.load_state_dict(model.state_dict())
+    model, ref_model = model_and_twin()
     grads = {}
 
     class Grab(Algorithm):

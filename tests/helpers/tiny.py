@@ -23,3 +23,12 @@ def classification_data(n=64, d_in=8, classes=4, seed=0):
 def loader(n=64, batch_size=8, shuffle=False, seed=0, d_in=8, classes=4):
     x, y = classification_data(n, d_in, classes, seed)
     return DataLoader(TensorDataset(x, y), batch_size=batch_size, shuffle=shuffle)
+
+
+def model_and_twin(make=mlp, seed=0):
+    """Two models with the same initial weights: one to train, one for a reference computation."""
+    torch.manual_seed(seed)
+    model = make()
+    twin = make()
+    twin.load_state_dict(model.state_dict())
+    return model, twin
