@@ -172,18 +172,9 @@ class InfoBatchPruner:
     # ------------------------------------------------------------------ plain-loop sampler
     def epoch_order(self, epoch: int) -> torch.Tensor:
         """This rank's samples of the planned epoch in training order (on the scores' device)."""
-        chosen = self.kept
-        n = len(chosen) if chosen is not None else self.num_samples
-        dev = self.device or torch.device("cpu")
-        if self.shuffle:
-            g = torch.Generator(device=dev).manual_seed(derive_seed(self.seed, epoch))
-            perm = torch.randperm(n, device=dev, generator=g)
-        else:
-            perm = torch.arange(n, device=dev)
-        order = chosen[perm] if chosen is not None else perm
-        if self.world_size > 1:
-            order = order[self.rank::self.world_size][:n // self.world_size]
-        return order
+        from ..data.resumable import epoch_order
+        return epoch_order(self.num_samples, self.kept, self.shuffle, self.seed, epoch,
+                           self.device or torch.device("cpu"), self.rank, self.world_size)
 
     @property
     def sampler(self) -> "Sampler":

@@ -23,6 +23,7 @@ import torch
 
 from ..utils import derive_seed
 from . import augment as A
+from .resumable import epoch_order
 
 FlipMode = Literal["none", "random", "alternate"]
 
@@ -80,16 +81,8 @@ class DeviceLoader:
     def order(self, epoch: int) -> torch.Tensor:
         """The sample indices of `epoch` for this rank, in order (on the device)."""
         chosen = self.selector.indices() if self.selector is not None else None
-        n = len(chosen) if chosen is not None else self.num_samples
-        if self.shuffle:
-            perm = torch.randperm(n, device=self.device, generator=self._generator(self.seed, epoch))
-        else:
-            perm = torch.arange(n, device=self.device)
-        order = chosen.to(self.device)[perm] if chosen is not None else perm
-        if self.world_size > 1:   # every rank gets the same number of samples
-            per_rank = n // self.world_size
-            order = order[self.rank::self.world_size][:per_rank]
-        return order
+        return epoch_order(self.num_samples, chosen, self.shuffle, self.seed, epoch, self.device,
+                           self.rank, self.world_size)
 
     def batch(self, indices: torch.Tensor, epoch: int, batch_index: int):
         """Gather, augment and normalise the samples `indices` (the batch `batch_index` of `epoch`).

@@ -20,6 +20,22 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 from ..utils import derive_seed
 
 
+def epoch_order(num_samples: int, chosen: torch.Tensor | None, shuffle: bool, seed: int, epoch: int,
+                device: "torch.device | str" = "cpu", rank: int = 0, world_size: int = 1) -> torch.Tensor:
+    """The sample indices of `epoch`: all `num_samples`, or only `chosen`, in an order drawn
+    from (seed, epoch) on `device` when shuffling; with world_size > 1, this rank's equal share."""
+    n = len(chosen) if chosen is not None else num_samples
+    if shuffle:
+        g = torch.Generator(device=device).manual_seed(derive_seed(seed, epoch))
+        perm = torch.randperm(n, device=device, generator=g)
+    else:
+        perm = torch.arange(n, device=device)
+    order = chosen.to(perm.device)[perm] if chosen is not None else perm
+    if world_size > 1:
+        order = order[rank::world_size][:n // world_size]
+    return order
+
+
 class ResumableSampler(Sampler):
     """Shuffles with a permutation drawn from (seed, epoch); `set_epoch(epoch, skip)` starts
     the epoch `skip` samples in. With keyed=True it yields (epoch, index) keys for a
@@ -35,13 +51,7 @@ class ResumableSampler(Sampler):
 
     def order(self, epoch: int) -> torch.Tensor:
         chosen = self.selector.indices() if self.selector is not None else None
-        n = len(chosen) if chosen is not None else self.num_samples
-        if not self.shuffle:
-            perm = torch.arange(n)
-        else:
-            g = torch.Generator().manual_seed(derive_seed(self.seed, epoch))
-            perm = torch.randperm(n, generator=g)
-        return chosen.cpu()[perm] if chosen is not None else perm
+        return epoch_order(self.num_samples, chosen, self.shuffle, self.seed, epoch)
 
     def __iter__(self) -> Iterator:
         idx = self.order(self.epoch)[self.skip:].tolist()
