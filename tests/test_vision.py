@@ -150,6 +150,23 @@ def test_label_smoothing_trains_smoothed_and_evaluates_plain():
     assert plain == pytest.approx(ref.item(), rel=1e-5)
 
 
+def test_label_smoothing_alone_changes_what_the_trainer_optimises():
+    # No other algorithm listens after the loss, so the Trainer could take its fused-mean fast
+    # path; it must still train on the smoothed loss (a hand loop with PyTorch's own smoothing).
+    from tiny import loader, model_and_twin
+    model, twin = model_and_twin()
+    tr = Trainer(model, loader(), optimizers=torch.optim.SGD(model.parameters(), lr=0.5),
+                 max_duration="3ba", device="cpu", algorithms=[LabelSmoothing(0.3)])
+    tr.fit()
+    opt = torch.optim.SGD(twin.parameters(), lr=0.5)
+    for (x, y), _ in zip(loader(), range(3)):
+        F.cross_entropy(twin(x), y, label_smoothing=0.3).backward()
+        opt.step()
+        opt.zero_grad()
+    for p, q in zip(model.parameters(), twin.parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
+
+
 def test_patch_whitening_gives_identity_covariance():
     imgs = torch.randn(64, 3, 12, 12)
     imgs = imgs + 0.8 * imgs.roll(1, dims=-1) + torch.tensor([0.5, -1.0, 2.0]).view(1, 3, 1, 1)  # correlated

@@ -208,8 +208,9 @@ class Trainer:
         for algo in state.algorithms:
             step = algo.wrap_step(step)
         self._step = step
-        self._fused_mean = (state.loss_fn is default_loss and state.grad_accum == 1
-                            and Event.AFTER_LOSS not in self.engine.active)
+        # The fused mean needs the default loss, which algorithms may swap at any event (label
+        # smoothing and MixUp do at FIT_START), so the step checks `state.loss_fn` each time.
+        self._fused_mean = state.grad_accum == 1 and Event.AFTER_LOSS not in self.engine.active
         state.steps_per_epoch = len(loader) if hasattr(loader, "__len__") else None
         for interval in (self.eval_interval, self.log_interval):
             interval.start(state.timestamp, state.progress)
@@ -307,7 +308,7 @@ class Trainer:
             run(AFTER_FORWARD)
             run(BEFORE_LOSS)
             with self._autocast():
-                if self._fused_mean:   # nobody needs per-sample losses: reduce inside the kernel
+                if self._fused_mean and state.loss_fn is default_loss:   # nobody needs per-sample losses
                     state.loss = default_loss(state.outputs, targets, reduction="mean")
                 else:
                     state.loss = state.loss_fn(state.outputs, targets)
