@@ -108,6 +108,24 @@ def test_frozen_bn_scale_with_bias_lr_multiplier():
     assert lrs[id(model[1].bias)] == pytest.approx(0.64) and lrs[id(model[0].bias)] == pytest.approx(0.01)
 
 
+def test_decay_ignores_lr_mult_keeps_the_decay_per_step():
+    # With zero gradients an SGD step only decays: w <- w (1 - lr_group * wd_group). A bias at 64x
+    # the lr must then shrink by the same factor as the weights, 1 - lr * wd.
+    model = nn.Linear(4, 3)
+    model.bias.lr_mult = 64.0
+    from hasten.optim import apply_lr_multipliers
+    opt = apply_lr_multipliers(torch.optim.SGD(
+        param_groups(model, 1e-2, decay_min_dim=1, decay_ignores_lr_mult=True), lr=0.5))
+    before = [p.detach().clone() for p in model.parameters()]
+    for p in model.parameters():
+        p.grad = torch.zeros_like(p)
+    opt.step()
+    for p, b in zip(model.parameters(), before):
+        torch.testing.assert_close(p.detach(), b * (1 - 0.5 * 1e-2))
+    coupled = {g["name"]: g["weight_decay"] for g in param_groups(model, 1e-2, decay_min_dim=1)}
+    assert coupled == {"decay": 1e-2, "decay_lr64": 1e-2}
+
+
 # ---------------------------------------------------------------------------- optimisation
 def test_sgdw_decays_outside_momentum():
     torch.manual_seed(0)
@@ -151,6 +169,36 @@ def test_lookahead_matches_a_hand_loop():
                     p.copy_(s)
     for a, b in zip(model.parameters(), ref.parameters()):
         torch.testing.assert_close(a, b)
+
+
+def test_lookahead_ramp_and_buffers_match_a_hand_loop():
+    # ramp=3: a sync at progress t pulls with alpha_t = 1 - (1 - alpha) t^3; buffers=True also
+    # averages the batch-norm running statistics. Reference: a hand loop that does both.
+    torch.manual_seed(0)
+    make = lambda: nn.Sequential(nn.Linear(8, 16), nn.BatchNorm1d(16), nn.ReLU(), nn.Linear(16, 4))
+    model, ref = model_and_twin(make)
+    x, y = classification_data(n=16)
+    steps, k, alpha = 8, 2, 0.25
+    Trainer(model, [(x, y)] * steps, device="cpu", max_duration=f"{steps}ba",
+            algorithms=[Lookahead(k=k, alpha=alpha, ramp=3, buffers=True)],
+            optimizers=lambda m: torch.optim.SGD(m.parameters(), lr=0.1)).fit()
+    opt = torch.optim.SGD(ref.parameters(), lr=0.1)
+    tensors = lambda: [*ref.parameters(), ref[1].running_mean, ref[1].running_var]
+    slow = [t.detach().clone() for t in tensors()]
+    for step in range(1, steps + 1):
+        F.cross_entropy(ref(x), y).backward()
+        opt.step()
+        opt.zero_grad()
+        if step % k == 0:
+            a = 1 - (1 - alpha) * (step / steps) ** 3
+            with torch.no_grad():
+                for s, t in zip(slow, tensors()):
+                    s.mul_(1 - a).add_(a * t)
+                    t.copy_(s)
+    for a, b in zip(model.state_dict().values(), ref.state_dict().values()):
+        torch.testing.assert_close(a, b)
+    assert Lookahead(alpha=0.25, ramp=3).alpha_at(0.0) == 1.0
+    assert Lookahead(alpha=0.25, ramp=3).alpha_at(1.0) == pytest.approx(0.25)
 
 
 def test_sam_gradient_matches_the_two_pass_definition():

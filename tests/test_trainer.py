@@ -220,6 +220,17 @@ def test_schedule_in_epochs_survives_changing_epoch_lengths():
     assert wsd.factor(0.5, 0.1, 0.2) == 1.0 and wsd.factor(0.9, 0.1, 0.2) == pytest.approx(0.5)
 
 
+def test_warmup_start_factor_gives_a_triangle():
+    tri = LRSchedule("linear", warmup="0.25dur", start_factor=0.2, min_factor=0.1)
+    assert tri.factor(0.0, 0.25) == pytest.approx(0.2)
+    assert tri.factor(0.125, 0.25) == pytest.approx(0.6)
+    assert tri.factor(0.25, 0.25) == pytest.approx(1.0)
+    assert tri.factor(0.625, 0.25) == pytest.approx(0.55)
+    assert tri.factor(1.0, 0.25) == pytest.approx(0.1)
+    with pytest.raises(ValueError, match="start_factor"):
+        LRSchedule("linear", start_factor=1.5)
+
+
 def test_bad_arguments_are_explained():
     with pytest.raises(ValueError, match="precision"):
         Trainer(mlp(), precision="fp8", device="cpu")

@@ -4,6 +4,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+import hasten
 import hasten.functional as hf
 from hasten import Trainer
 from hasten.algorithms import TTA, ChannelsLast, LabelSmoothing, PatchWhitening
@@ -190,6 +191,24 @@ def test_patch_whitening_algorithm_fits_from_the_loader_and_freezes():
         out = model.whiten((x.permute(0, 3, 1, 2).float() - 128) / 64)[:, :12]
     cov = torch.cov(out.permute(0, 2, 3, 1).reshape(-1, 12).T.double(), correction=0)
     assert torch.allclose(cov.diagonal(), torch.ones(12, dtype=torch.float64), atol=0.02)
+
+
+def test_patch_whitening_bias_trains_for_the_stated_time_only():
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randint(0, 256, (64, 16, 16, 3), dtype=torch.uint8, generator=g), torch.arange(64) % 10
+    L = DeviceLoader(x, y, 16, mean=(128,) * 3, std=(64,) * 3)
+    model = SpeedrunNet(widths=(8, 8, 8))
+    seen = []
+
+    class Watch(hasten.Callback):
+        def batch_end(self, state, logger):
+            seen.append(model.whiten.bias.detach().clone())
+
+    Trainer(model, L, max_duration="3ep", device="cpu", callbacks=[Watch()],
+            optimizers=lambda m: torch.optim.SGD([p for p in m.parameters() if p.requires_grad], lr=0.1),
+            algorithms=[PatchWhitening(num_images=64, train_bias_for="1ep")]).fit()
+    moved = [not torch.equal(a, b) for a, b in zip(seen, seen[1:])]
+    assert len(seen) == 12 and all(moved[:3]) and not any(moved[3:])   # 4 batches an epoch
 
 
 def test_tta_averages_the_views():

@@ -31,7 +31,8 @@ def build_optimizer(cfg: OptimizerConfig, model: torch.nn.Module, device: torch.
                                muon_weight_decay=cfg.muon_weight_decay, adam_lr=cfg.lr, adam_betas=cfg.betas,
                                adam_weight_decay=cfg.weight_decay, adjust_lr_fn=cfg.muon_adjust_lr, fused=cfg.fused,
                                ns_steps=cfg.muon_ns_steps)
-    groups = param_groups(model, cfg.weight_decay, cfg.decay_min_dim, tuple(cfg.no_decay), cfg.lr_multipliers)
+    groups = param_groups(model, cfg.weight_decay, cfg.decay_min_dim, tuple(cfg.no_decay), cfg.lr_multipliers,
+                          cfg.decay_ignores_lr_mult)
     fused = cfg.fused if cfg.fused is not None else device.type in ("cpu", "cuda")
     if cfg.name == "sgd":
         opt = torch.optim.SGD(groups, lr=cfg.lr, momentum=cfg.momentum, nesterov=cfg.nesterov, fused=fused)
@@ -90,7 +91,8 @@ def build_run(recipe: Recipe, progress_bar: bool | None = None, console_logger: 
         callbacks.insert(0, ProgressBar())
     algorithms = [REGISTRY[name](**params) for name, params in recipe.algorithms.items()]
     s = recipe.schedule
-    schedule = LRSchedule(s.name, warmup=s.warmup, warmdown=s.warmdown, min_factor=s.min_factor)
+    schedule = LRSchedule(s.name, warmup=s.warmup, warmdown=s.warmdown, min_factor=s.min_factor,
+                          start_factor=s.start_factor)
     trainer = Trainer(
         model=built.model, train_dataloader=built.train_dataloader, eval_dataloader=built.eval_dataloader,
         optimizers=lambda model: build_optimizer(recipe.optimizer, model, device,

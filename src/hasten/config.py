@@ -71,6 +71,7 @@ class OptimizerConfig:
     decay_min_dim: int = 2               # parameters with fewer dimensions get no weight decay
     no_decay: list[str] = field(default_factory=list)  # name patterns without weight decay
     lr_multipliers: dict[str, float] = field(default_factory=dict)  # name pattern -> multiple of lr
+    decay_ignores_lr_mult: bool = False  # true: a group at m x lr gets weight_decay / m (same decay per step)
     per_example: bool = False            # sgdw: lr and weight_decay stated per example, momentum's gain included
     fused: Optional[bool] = None         # default: fused when the device supports it
     muon_lr: float = 0.02
@@ -86,6 +87,7 @@ class ScheduleConfig:
     warmup: str = "0ba"
     warmdown: Optional[str] = None
     min_factor: float = 0.0
+    start_factor: float = 0.0
 
 
 @dataclass

@@ -4,6 +4,12 @@ Every `k` optimizer steps: `slow <- slow + alpha * (fast - slow)`, then `fast <-
 inner optimizer explores for k steps; the slow weights average its trajectory, which damps
 the noise of high learning rates. Slow weights are saved in checkpoints.
 
+`ramp=p` (p > 0) makes the pull grow over the run instead of holding it fixed: at progress
+t (fraction of max_duration) a sync uses `alpha_t = 1 - (1 - alpha) * t**p`, so early syncs
+leave the fast weights almost alone (alpha_t near 1) and the last ones average strongly
+(alpha_t = alpha at the end); the CIFAR speedrun line of work uses p = 3. `buffers=True`
+also averages floating-point buffers (batch-norm running statistics) with the weights.
+
 Functional form: `lookahead_sync(slow, fast, alpha)` (fused foreach ops). The Algorithm
 keeps the slow copy and syncs after every k-th optimizer step.
 """
@@ -23,15 +29,26 @@ def lookahead_sync(slow: list[torch.Tensor], fast: list[torch.Tensor], alpha: fl
 class Lookahead(Algorithm):
     events = (Event.FIT_START, Event.AFTER_OPTIM_STEP)
 
-    def __init__(self, k: int = 5, alpha: float = 0.5):
-        if k < 1 or not 0.0 < alpha <= 1.0:
-            raise ValueError(f"need k >= 1 and 0 < alpha <= 1, got k={k}, alpha={alpha}")
-        self.k, self.alpha = int(k), alpha
+    def __init__(self, k: int = 5, alpha: float = 0.5, ramp: float = 0.0, buffers: bool = False):
+        if k < 1 or not 0.0 < alpha <= 1.0 or ramp < 0:
+            raise ValueError(f"need k >= 1, 0 < alpha <= 1 and ramp >= 0, got k={k}, alpha={alpha}, ramp={ramp}")
+        self.k, self.alpha, self.ramp, self.buffers = int(k), alpha, float(ramp), buffers
         self.slow: list[torch.Tensor] | None = None
         self.steps = 0
 
     def _params(self, state):
-        return [p for p in state.model.parameters() if p.requires_grad]
+        # every floating-point parameter, trainable or not, so that the list stays the same
+        # when a method freezes a parameter mid-run (one frozen from the start stays as it is)
+        ts = [p for p in state.model.parameters() if p.is_floating_point()]
+        if self.buffers:
+            ts += [b for b in state.model.buffers() if b.is_floating_point()]
+        return ts
+
+    def alpha_at(self, progress: float) -> float:
+        """The interpolation weight of a sync at `progress` (fraction of the run done)."""
+        if not self.ramp:
+            return self.alpha
+        return 1.0 - (1.0 - self.alpha) * min(max(progress, 0.0), 1.0) ** self.ramp
 
     def apply(self, event, state, logger):
         if event == Event.FIT_START:
@@ -40,7 +57,15 @@ class Lookahead(Algorithm):
             return
         self.steps += 1
         if self.steps % self.k == 0:
-            lookahead_sync(self.slow, [p.detach() for p in self._params(state)], self.alpha)
+            lookahead_sync(self.slow, [p.detach() for p in self._params(state)], self.alpha_at(self._done(state)))
+
+    @staticmethod
+    def _done(state) -> float:
+        """Progress including the step just taken (the timestamp advances after this event)."""
+        try:
+            return min(state.progress + state.fraction_of("1ba"), 1.0)
+        except ValueError:
+            return state.progress
 
     def state_dict(self):
         return {"slow": self.slow, "steps": self.steps} if self.slow is not None else {}

@@ -19,7 +19,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ..core import Algorithm, Event
+from ..core import Algorithm, Event, Time
 
 
 def patch_covariance(images: torch.Tensor, kernel: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -76,14 +76,30 @@ def first_conv(model: nn.Module) -> nn.Conv2d:
 
 
 class PatchWhitening(Algorithm):
-    events = (Event.INIT,)
+    """Fit the first conv (or `module`) at init; `freeze` keeps its filters fixed afterwards;
+    `train_bias_for` (a typed time such as '3ep' or '0.3dur') stops training its bias after
+    that much of the run (None: the bias trains throughout)."""
+    events = (Event.INIT, Event.BATCH_START)
 
-    def __init__(self, num_images: int = 5000, eps: float = 5e-4, module: str | None = None, freeze: bool = True):
+    def __init__(self, num_images: int = 5000, eps: float = 5e-4, module: str | None = None, freeze: bool = True,
+                 train_bias_for: str | None = None):
         self.num_images, self.eps, self.module, self.freeze = num_images, eps, module, freeze
+        self.train_bias_for = Time.parse(train_bias_for) if train_bias_for is not None else None
+        self._conv: nn.Conv2d | None = None
+
+    def match(self, event, state):
+        if event == Event.BATCH_START:
+            return self.train_bias_for is not None and self._conv is not None and self._conv.bias.requires_grad
+        return True
 
     def apply(self, event, state, logger):
+        if event == Event.BATCH_START:
+            if state.progress >= state.fraction_of(self.train_bias_for):
+                self._conv.bias.requires_grad_(False)
+                self._conv.bias.grad = None
+            return
         t0 = time.perf_counter()
-        conv = state.model.get_submodule(self.module) if self.module else first_conv(state.model)
+        conv = self._conv = state.model.get_submodule(self.module) if self.module else first_conv(state.model)
         images = _sample_images(state.train_dataloader, self.num_images).to(conv.weight.device)
         fit_patch_whitening(conv, images, self.eps, negate=conv.out_channels == 2 * conv.in_channels * conv.kernel_size[0] ** 2)
         if self.freeze:

@@ -7,7 +7,8 @@ import torch
 
 
 def param_groups(model: torch.nn.Module, weight_decay: float, decay_min_dim: int = 2,
-                 no_decay: tuple[str, ...] = (), lr_multipliers: dict[str, float] | None = None) -> list[dict]:
+                 no_decay: tuple[str, ...] = (), lr_multipliers: dict[str, float] | None = None,
+                 decay_ignores_lr_mult: bool = False) -> list[dict]:
     """Split parameters into groups.
 
     Weight decay applies to parameters with at least `decay_min_dim` dimensions (matrices and
@@ -15,6 +16,9 @@ def param_groups(model: torch.nn.Module, weight_decay: float, decay_min_dim: int
     '*.bn*', 'wte.*'); norms' gains and biases get none. `lr_multipliers` maps name patterns
     to multipliers of the optimizer's lr; the first matching pattern wins. A parameter
     carrying an `lr_mult` attribute (set by algorithms such as FrozenBNScale) uses it.
+    With `decay_ignores_lr_mult`, a group at m times the lr gets weight_decay / m, so its decay
+    per step (lr * weight_decay, for coupled SGD) stays that of the base group: the multiplier
+    speeds up the gradient, not the decay.
     Groups carry a 'name' so monitors can tell them apart.
     """
     lr_multipliers = lr_multipliers or {}
@@ -28,7 +32,8 @@ def param_groups(model: torch.nn.Module, weight_decay: float, decay_min_dim: int
         key = (decay, mult)
         if key not in groups:
             label = ("decay" if decay else "no_decay") + (f"_lr{mult:g}" if mult != 1.0 else "")
-            groups[key] = {"params": [], "weight_decay": weight_decay if decay else 0.0,
+            wd = (weight_decay / mult if decay_ignores_lr_mult else weight_decay) if decay else 0.0
+            groups[key] = {"params": [], "weight_decay": wd,
                            "lr_mult": mult, "name": label}
         groups[key]["params"].append(p)
     return list(groups.values())

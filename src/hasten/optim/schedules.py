@@ -8,6 +8,10 @@ still ends where it should when epoch lengths change (dynamic data pruning).
     LRSchedule("cosine", warmup="100ba", min_factor=0.1)    # warm-up, then cosine to 10%
     LRSchedule("linear", warmup="2ep")                     # warm-up, then linear to 0
     LRSchedule("wsd", warmup="0.05dur", warmdown="0.2dur")  # warm-up, stable, linear warm-down
+    LRSchedule("linear", warmup="0.23dur", start_factor=0.2, min_factor=0.07)  # a triangle
+
+The warm-up rises linearly from `start_factor` (default 0: from one step's worth of the rate)
+to the full rate; after it, the rate falls to `min_factor` by the end of the run.
 """
 from __future__ import annotations
 
@@ -20,14 +24,16 @@ KINDS = ("constant", "linear", "cosine", "wsd")
 
 class LRSchedule:
     def __init__(self, kind: str = "cosine", warmup: "str | Time" = "0ba", warmdown: "str | Time | None" = None,
-                 min_factor: float = 0.0):
+                 min_factor: float = 0.0, start_factor: float = 0.0):
         if kind not in KINDS:
             raise ValueError(f"unknown schedule {kind!r}: use one of {KINDS}")
         if kind == "wsd" and warmdown is None:
             raise ValueError("the 'wsd' schedule needs warmdown= (e.g. '0.2dur')")
         if not 0.0 <= min_factor <= 1.0:
             raise ValueError(f"min_factor must lie in [0, 1], got {min_factor}")
-        self.kind, self.min_factor = kind, min_factor
+        if not 0.0 <= start_factor <= 1.0:
+            raise ValueError(f"start_factor must lie in [0, 1], got {start_factor}")
+        self.kind, self.min_factor, self.start_factor = kind, min_factor, start_factor
         self.warmup = Time.parse(warmup)
         self.warmdown = Time.parse(warmdown) if warmdown is not None else None
 
@@ -35,7 +41,8 @@ class LRSchedule:
         """The multiplier at progress p in [0, 1]; `step` is one batch as a fraction of the run
         (the warm-up reaches full rate at its last step instead of starting at zero)."""
         if warm > 0 and p < warm:
-            return min(1.0, (p + step) / (warm + step))
+            ramp = min(1.0, (p + step) / (warm + step))
+            return self.start_factor + (1.0 - self.start_factor) * ramp
         lo = self.min_factor
         if self.kind == "constant":
             return 1.0
@@ -72,4 +79,4 @@ class LRSchedule:
         pass
 
     def __repr__(self) -> str:
-        return f"LRSchedule({self.kind!r}, warmup='{self.warmup}', warmdown={self.warmdown}, min_factor={self.min_factor})"
+        return f"LRSchedule({self.kind!r}, warmup='{self.warmup}', warmdown={self.warmdown}, min_factor={self.min_factor}, start_factor={self.start_factor})"
