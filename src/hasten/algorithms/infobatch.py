@@ -27,6 +27,7 @@ import torch
 from torch.utils.data import Sampler
 
 from ..core import Algorithm, Event
+from ..data.resumable import epoch_order
 from ..utils import derive_seed
 
 
@@ -172,7 +173,6 @@ class InfoBatchPruner:
     # ------------------------------------------------------------------ plain-loop sampler
     def epoch_order(self, epoch: int) -> torch.Tensor:
         """This rank's samples of the planned epoch in training order (on the scores' device)."""
-        from ..data.resumable import epoch_order
         return epoch_order(self.num_samples, self.kept, self.shuffle, self.seed, epoch,
                            self.device or torch.device("cpu"), self.rank, self.world_size)
 

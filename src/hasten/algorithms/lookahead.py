@@ -57,15 +57,9 @@ class Lookahead(Algorithm):
             return
         self.steps += 1
         if self.steps % self.k == 0:
-            lookahead_sync(self.slow, [p.detach() for p in self._params(state)], self.alpha_at(self._done(state)))
-
-    @staticmethod
-    def _done(state) -> float:
-        """Progress including the step just taken (the timestamp advances after this event)."""
-        try:
-            return min(state.progress + state.fraction_of("1ba"), 1.0)
-        except ValueError:
-            return state.progress
+            # progress including the step just taken (the timestamp advances after this event)
+            done = min(state.progress + state.batch_fraction(), 1.0)
+            lookahead_sync(self.slow, [p.detach() for p in self._params(state)], self.alpha_at(done))
 
     def state_dict(self):
         return {"slow": self.slow, "steps": self.steps} if self.slow is not None else {}

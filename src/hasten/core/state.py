@@ -8,6 +8,8 @@ import torch
 
 from .time import Time, Timestamp, TimeUnit
 
+_ONE_BATCH = Time(1, "ba")
+
 
 @dataclass
 class State:
@@ -83,6 +85,14 @@ class State:
             return t.value / (total * self.steps_per_epoch)
         raise ValueError(f"cannot convert {t} into a fraction of max_duration={self.max_duration}; "
                          f"state it in {unit.value} or as a fraction ('0.1dur')")
+
+    def batch_fraction(self) -> float:
+        """One batch as a fraction of max_duration (0.0 where it cannot be stated, e.g. an
+        epoch-long run over a loader without a length)."""
+        try:
+            return self.fraction_of(_ONE_BATCH)
+        except ValueError:
+            return 0.0
 
     def progress_through(self, t: "Time | str") -> float:
         """How far through the first `t` of the run training is: 0 at the start, 1 at `t`

@@ -57,16 +57,10 @@ class LRSchedule:
             return 1.0 - d * (1.0 - lo)
         return lo + 0.5 * (1.0 + math.cos(math.pi * d)) * (1.0 - lo)
 
-    def _step_fraction(self, state) -> float:
-        try:
-            return state.fraction_of(Time(1, "ba"))
-        except ValueError:
-            return 0.0
-
     def apply(self, state) -> None:
         warm = state.fraction_of(self.warmup) if self.warmup.value else 0.0
         down = state.fraction_of(self.warmdown) if self.warmdown is not None else 0.0
-        f = self.factor(state.progress, warm, down, self._step_fraction(state))
+        f = self.factor(state.progress, warm, down, state.batch_fraction())
         for opt in state.optimizers:
             for g in opt.param_groups:
                 g.setdefault("initial_lr", g["lr"])
