@@ -107,6 +107,39 @@ def test_ladder_steps_from_a_recipe_diff(tmp_path):
     assert specs[-1][1].overrides == ['algorithms.ema={"decay": 0.99}', "trainer.precision=bf16-mixed", "optimizer.lr=0.002"]
     with pytest.raises(ValueError, match="not steps"):
         ladder_steps("shakespeare-char-baseline", str(fast), order=["nope"])
+    # either end may carry '+' overrides, as recipes do in `hasten bench`
+    steps = dict(ladder_steps("shakespeare-char-baseline+optimizer.lr=0.002", str(fast) + "+trainer.grad_accum=2"))
+    assert steps == {"trainer": ["trainer.precision=bf16-mixed", "trainer.grad_accum=2"],
+                     "ema": ['algorithms.ema={"decay": 0.99}']}
+    specs = ladder_specs("shakespeare-char-baseline+optimizer.lr=0.002", str(fast), shared=["data.path=x"])
+    assert specs[0][1].recipe == "shakespeare-char-baseline"
+    assert specs[0][1].overrides == ["data.path=x", "optimizer.lr=0.002"]
+
+
+def test_every_rung_of_the_cifar_ladder_is_a_valid_recipe():
+    """The model step swaps ResNet-9 for the speedrun network, whose constructor has other keys."""
+    from hasten.config import load_recipe, to_dict
+    specs = ladder_specs("cifar10-baseline", "cifar10-fast+trainer.precision=bf16-mixed")
+    for _, spec in specs:
+        load_recipe(spec.recipe, spec.overrides)
+    fast = to_dict(load_recipe("cifar10-fast", ["trainer.precision=bf16-mixed"]))
+    last = to_dict(load_recipe(specs[-1][1].recipe, specs[-1][1].overrides))
+    assert [k for k in fast if fast[k] != last[k]] == ["description", "name"]
+
+
+def test_long_labels_that_share_a_prefix_get_their_own_logs(tmp_path, monkeypatch):
+    """Two variants whose labels agree in their first 80 characters once wrote one log file."""
+    import subprocess
+
+    class Done:
+        def __init__(self, cmd, stdout, **kw):
+            stdout.write(" ".join(cmd[-2:]))
+        def wait(self, timeout=None):
+            return 0
+    monkeypatch.setattr(subprocess, "Popen", Done)
+    base = "cifar10-baseline+trainer.max_duration=14ep+schedule.warmup=2ep+trainer.eval_interval=100ep"
+    logs = {runner.run_one(runner.Spec.parse(base + extra), 0, tmp_path)["log"] for extra in ("", "+trainer.precision=bf16-mixed")}
+    assert len(logs) == 2 and all((tmp_path / "logs" / n).read_text() for n in logs)
 
 
 def test_harness_detects_a_known_slowdown_and_not_a_phantom_one(tmp_path, capsys):

@@ -85,7 +85,8 @@ def _cmd_bench(args) -> int:
     if args.ladder:
         from .bench.ladder import ladder_markdown, ladder_plot, ladder_specs
         steps = ladder_specs(specs_text[0], args.ladder, args.order.split(",") if args.order else None, shared)
-        out_dir = Path(args.out) / (args.name or f"ladder-{Path(specs_text[0]).stem}-to-{Path(args.ladder).stem}")
+        ends = [Path(Spec.parse(t).recipe).stem for t in (specs_text[0], args.ladder)]
+        out_dir = Path(args.out) / (args.name or f"ladder-{ends[0]}-to-{ends[1]}")
         console.print(f"ladder: {len(steps)} rows ({', '.join(n for n, _ in steps)}), {len(seeds)} seed(s) each, "
                       f"cap {args.cap or 'none'} s per run; results in {out_dir}")
         runs = run_comparison([s for _, s in steps], seeds, out_dir, args.cap, console)
@@ -149,7 +150,13 @@ def make_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = make_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
-    args = parser.parse_args(argv)
+    # options may come between positionals ('bench a --ladder b key=value'), as in most CLIs
+    args, rest = parser.parse_known_args(argv)
+    extra = "items" if getattr(args, "items", None) is not None else "overrides"
+    if rest and (any(r.startswith("-") for r in rest) or getattr(args, extra, None) is None):
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
+    if rest:
+        setattr(args, extra, getattr(args, extra) + rest)
     args.argv = argv[1:]
     if not getattr(args, "func", None):
         parser.print_help()

@@ -37,14 +37,23 @@ def _yaml_value(v) -> str:
     return json.dumps(v) if not isinstance(v, str) else v
 
 
+def _load(text: str) -> dict:
+    spec = Spec.parse(text)
+    return to_dict(load_recipe(spec.recipe, spec.overrides))
+
+
 def ladder_steps(baseline: str, target: str, order: list[str] | None = None) -> list[tuple[str, list[str]]]:
-    """[(step name, overrides)] that turn `baseline` into `target`."""
-    a, b = to_dict(load_recipe(baseline)), to_dict(load_recipe(target))
+    """[(step name, overrides)] that turn `baseline` into `target`. Either end may carry
+    overrides joined with '+', as in `hasten bench`: 'cifar10-fast+trainer.precision=bf16-mixed'."""
+    a, b = _load(baseline), _load(target)
     steps: dict[str, list[str]] = {}
     for section in SECTIONS:
         fa, fb = _flatten(a[section], section + "."), _flatten(b[section], section + ".")
         diff = [f"{k}={_yaml_value(fb[k])}" for k in fb if fa.get(k) != fb[k]]
         diff += [f"{k}=null" for k in fa if k not in fb]
+        if diff and section == "model" and a["model"].get("name") != b["model"].get("name"):
+            # another network: its keys are another constructor's, so the section is replaced whole
+            diff = [f"model={json.dumps(b['model'])}"]
         if diff:
             steps[section] = diff
     for name, params in b["algorithms"].items():
@@ -64,10 +73,11 @@ def ladder_steps(baseline: str, target: str, order: list[str] | None = None) -> 
 
 
 def ladder_specs(baseline: str, target: str, order: list[str] | None = None, shared: list[str] = ()) -> list[tuple[str, Spec]]:
-    specs, acc = [("baseline", Spec(label="baseline", recipe=baseline, overrides=list(shared)))], []
+    base = Spec.parse(baseline, shared)
+    specs, acc = [("baseline", Spec(label="baseline", recipe=base.recipe, overrides=base.overrides))], []
     for name, overrides in ladder_steps(baseline, target, order):
         acc = acc + overrides
-        specs.append((name, Spec(label=f"+{name}", recipe=baseline, overrides=list(shared) + acc)))
+        specs.append((name, Spec(label=f"+{name}", recipe=base.recipe, overrides=base.overrides + acc)))
     return specs
 
 

@@ -7,6 +7,7 @@ A recipe spec is a recipe name or YAML path, optionally followed by overrides jo
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -89,7 +90,9 @@ def run_one(spec: Spec, seed: int, out_dir: Path, cap_s: float | None = None) ->
     """Train one (spec, seed) in a fresh process; returns its record."""
     logs = out_dir / "logs"
     logs.mkdir(parents=True, exist_ok=True)
-    safe = re.sub(r"[^\w.-]+", "_", spec.label)[:80]
+    safe = re.sub(r"[^\w.-]+", "_", spec.label)
+    if len(safe) > 80:   # long labels share their first 80 characters: keep them apart
+        safe = f"{safe[:70]}-{hashlib.sha1(spec.label.encode()).hexdigest()[:8]}"
     out = logs / f"{safe}-seed{seed}.jsonl"
     if out.exists():
         out.unlink()
