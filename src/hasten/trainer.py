@@ -214,6 +214,8 @@ class Trainer:
         state.steps_per_epoch = len(loader) if hasattr(loader, "__len__") else None
         for interval in (self.eval_interval, self.log_interval):
             interval.start(state.timestamp, state.progress)
+        # batch ends compute the run's progress only when an interval is a fraction of it
+        self._intervals_need_progress = self.eval_interval.needs_progress or self.log_interval.needs_progress
         state.model.train()
         old_handler = self._install_sigterm()
         try:
@@ -293,33 +295,37 @@ class Trainer:
 
     def _forward_backward(self, state: State) -> None:
         """Forward and backward of every micro-batch of the step (the default step)."""
-        run = self.engine.run
         batch = state.batch
-        micro_batches = split_batch(batch, state.grad_accum) if state.grad_accum > 1 else (batch,)
-        total = batch_size(batch) if state.grad_accum > 1 else 0
-        for i, micro in enumerate(micro_batches):
-            state.micro_batch, state.micro_batch_index = micro, i
-            state.micro_batch_weight = batch_size(micro) / total if total else 1.0
-            run(BEFORE_FORWARD)
-            inputs, targets = self.batch_fn(state.micro_batch)
-            with self._autocast():
-                state.outputs = (state.forward_model(**inputs) if isinstance(inputs, dict)
-                                 else state.forward_model(inputs))
-            run(AFTER_FORWARD)
-            run(BEFORE_LOSS)
-            with self._autocast():
-                if self._fused_mean and state.loss_fn is default_loss:   # nobody needs per-sample losses
-                    state.loss = default_loss(state.outputs, targets, reduction="mean")
-                else:
-                    state.loss = state.loss_fn(state.outputs, targets)
-            state.loss_count = state.loss.numel()
-            run(AFTER_LOSS)
-            state.loss = self.reduce_loss(state.loss)
-            state.step_losses.append(state.loss.detach())
-            run(BEFORE_BACKWARD)
-            loss = state.loss if state.scaler is None else state.scaler.scale(state.loss)
-            loss.backward()
-            run(AFTER_BACKWARD)
+        if state.grad_accum == 1:
+            self._micro_step(state, batch, 0, 1.0)
+            return
+        total = batch_size(batch)
+        for i, micro in enumerate(split_batch(batch, state.grad_accum)):
+            self._micro_step(state, micro, i, batch_size(micro) / total)
+
+    def _micro_step(self, state: State, micro, index: int, weight: float) -> None:
+        """Forward, loss and backward of one micro-batch; `weight` is its share of the step's samples."""
+        run, autocast = self.engine.run, self._autocast
+        state.micro_batch, state.micro_batch_index, state.micro_batch_weight = micro, index, weight
+        run(BEFORE_FORWARD)
+        inputs, targets = self.batch_fn(state.micro_batch)
+        with autocast():
+            state.outputs = (state.forward_model(**inputs) if isinstance(inputs, dict)
+                             else state.forward_model(inputs))
+        run(AFTER_FORWARD)
+        run(BEFORE_LOSS)
+        with autocast():
+            if self._fused_mean and state.loss_fn is default_loss:   # nobody needs per-sample losses
+                state.loss = default_loss(state.outputs, targets, reduction="mean")
+            else:
+                state.loss = state.loss_fn(state.outputs, targets)
+        state.loss_count = state.loss.numel()
+        run(AFTER_LOSS)
+        state.loss = self.reduce_loss(state.loss)
+        state.step_losses.append(state.loss.detach())
+        run(BEFORE_BACKWARD)
+        (state.loss if state.scaler is None else state.scaler.scale(state.loss)).backward()
+        run(AFTER_BACKWARD)
 
     def reduce_loss(self, loss: torch.Tensor) -> torch.Tensor:
         """Mean over the samples of the whole step: sum / count, weighted by micro-batch share.
@@ -338,7 +344,8 @@ class Trainer:
     def _after_batch(self) -> bool:
         """Batch end: log, evaluate, checkpoint. True when training must stop now."""
         state, run = self.state, self.engine.run
-        ts, progress = state.timestamp, state.progress
+        ts = state.timestamp
+        progress = state.progress if self._intervals_need_progress else 0.0
         state.log_due = self.log_interval.due(ts, progress)
         run(BATCH_END)
         if state.log_due:

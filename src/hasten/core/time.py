@@ -140,6 +140,11 @@ class Interval:
         self._n = self.every.value
         self._epochs = self.every.unit == TimeUnit.EPOCH
 
+    @property
+    def needs_progress(self) -> bool:
+        """True when the interval is a fraction of the run ('0.1dur'): `due` then reads `progress`."""
+        return self._field is None
+
     def _index(self, ts: Timestamp, progress: float) -> int:
         if self._field is None:
             return int(math.floor(progress / self._n + 1e-9))
