@@ -11,6 +11,7 @@ import torch
 import yaml
 
 from .algorithms import REGISTRY
+from .allocator import configure_host_allocator
 from .callbacks import LRMonitor, ProgressBar, SpeedMonitor
 from .config import OptimizerConfig, Recipe, to_dict
 from .loggers import ConsoleLogger, JSONLLogger
@@ -69,9 +70,10 @@ def build_run(recipe: Recipe, progress_bar: bool | None = None, console_logger: 
     t = recipe.trainer
     if t.threads:
         torch.set_num_threads(t.threads)
+    device = resolve_device(t.device)
+    configure_host_allocator(t.host_allocator, device.type)   # before the data is loaded
     torch.manual_seed(t.seed)  # model initialisation is part of the seeded run
     built = TASKS[recipe.task].build(recipe)
-    device = resolve_device(t.device)
     run_dir = Path(t.run_dir) if t.run_dir else default_run_dir(recipe)
     run_dir.mkdir(parents=True, exist_ok=True)
     with open(run_dir / "recipe.yaml", "w") as f:
@@ -103,7 +105,8 @@ def build_run(recipe: Recipe, progress_bar: bool | None = None, console_logger: 
         loggers=loggers, precision=t.precision, device=device, compile=t.compile, grad_accum=t.grad_accum,
         grad_clip_norm=t.grad_clip_norm, seed=t.seed,
         save_folder=str(run_dir / "checkpoints") if t.checkpoints else None,
-        save_interval=t.save_interval or t.eval_interval, load_path=t.load_path, autoresume=t.autoresume)
+        save_interval=t.save_interval or t.eval_interval, load_path=t.load_path, autoresume=t.autoresume,
+        host_allocator=t.host_allocator)
     if t.checkpoints:
         trainer.state.callbacks[-1].keep_last = t.keep_last
     return Run(recipe=recipe, trainer=trainer, built=built, run_dir=run_dir)

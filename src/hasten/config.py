@@ -57,6 +57,7 @@ class TrainerConfig:
     progress_bar: bool = True
     tensorboard: bool = True             # when the tensorboard package is installed
     threads: Optional[int] = None        # torch.set_num_threads; default: leave as is
+    host_allocator: Literal["auto", "tuned", "default"] = "auto"  # glibc malloc settings; auto: tuned for CPU runs (hasten.allocator)
 
 
 @dataclass

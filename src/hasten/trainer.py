@@ -16,6 +16,7 @@ from typing import Any, Callable, Iterable, Sequence
 import torch
 import torch.nn.functional as F
 
+from .allocator import configure_host_allocator
 from .checkpoint import CheckpointIO, checkpoint_name, load_latest, restore, save
 from .core import Engine, Event, Interval, State, Time, TimeUnit
 from .data.resumable import epoch_iterator
@@ -58,6 +59,8 @@ class Trainer:
     loss_fn: `loss_fn(outputs, targets)` returning per-sample (or per-token) losses, or a
         scalar. The Trainer reduces: the mean over all samples of the step, across
         micro-batches, so grad_accum=k equals one batch k times larger.
+    host_allocator: 'auto' (default) fixes glibc malloc's thresholds when training on the CPU,
+        'tuned' does so whatever the device, 'default' leaves them (see hasten.allocator).
     """
 
     def __init__(
@@ -88,6 +91,7 @@ class Trainer:
         batch_fn: Callable = inputs_targets,
         count_tokens: Callable = _default_token_count,
         checkpoint_io: CheckpointIO | None = None,
+        host_allocator: str = "auto",
     ):
         if precision not in PRECISIONS:
             raise ValueError(f"precision={precision!r}: use one of {PRECISIONS}")
@@ -97,6 +101,7 @@ class Trainer:
             raise ValueError("autoresume=True needs save_folder: that is where it looks for checkpoints")
         seed_everything(seed)
         self.device = resolve_device(device)
+        self.host_allocator = configure_host_allocator(host_allocator, self.device.type)
         self._on_cpu = self.device.type == "cpu"   # CPU batches need no move
         self._fused_mean = False
         model = model.to(self.device)

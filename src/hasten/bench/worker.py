@@ -18,6 +18,7 @@ import time
 
 import torch
 
+from ..allocator import host_allocator_state
 from ..core import Callback
 
 
@@ -78,7 +79,8 @@ def machine() -> dict:
     return {"cpu": cpu, "cpu_features": features, "cores": os.cpu_count(), "threads": torch.get_num_threads(),
             "python": platform.python_version(), "torch": torch.__version__,
             "cuda": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
-            "hasten": __import__("hasten").__version__, "platform": platform.platform()}
+            "hasten": __import__("hasten").__version__, "platform": platform.platform(),
+            "host_allocator": host_allocator_state()}
 
 
 def main(spec_path: str, out_path: str) -> int:

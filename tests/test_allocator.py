@@ -1,0 +1,94 @@
+"""The host allocator settings, checked against glibc's own accounting (mallinfo2) in fresh
+processes, since the settings are process-wide and one-way."""
+import ctypes
+import ctypes.util
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from hasten.allocator import configure_host_allocator
+
+
+def _glibc_with_mallinfo2() -> bool:
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+    except OSError:
+        return False
+    return hasattr(libc, "gnu_get_libc_version") and hasattr(libc, "mallinfo2")
+
+
+needs_glibc = pytest.mark.skipif(not _glibc_with_mallinfo2(), reason="needs glibc >= 2.33 (mallinfo2)")
+
+# Allocates blocks of 1 MiB, 4 MiB and 16 MiB with malloc and reports how many of them glibc
+# mapped with mmap (mallinfo2's hblks) and how much free memory it kept at the top of the heap
+# after freeing them (keepcost). With glibc's defaults, the first block above 128 KiB is mapped.
+PROBE = textwrap.dedent("""
+    import ctypes, ctypes.util, json, sys
+    class Mallinfo2(ctypes.Structure):
+        _fields_ = [(n, ctypes.c_size_t) for n in
+                    "arena ordblks smblks hblks hblkhd usmblks fsmblks uordblks fordblks keepcost".split()]
+    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+    libc.mallinfo2.restype = Mallinfo2
+    libc.malloc.restype = ctypes.c_void_p
+    libc.malloc.argtypes = [ctypes.c_size_t]
+    libc.free.argtypes = [ctypes.c_void_p]
+    mode = sys.argv[1]
+    if mode == "trainer":
+        import torch
+        from hasten import Trainer
+        Trainer(torch.nn.Linear(2, 2), device="cpu")
+    elif mode == "trainer-default":
+        import torch
+        from hasten import Trainer
+        Trainer(torch.nn.Linear(2, 2), device="cpu", host_allocator="default")
+    elif mode == "call":
+        from hasten.allocator import tune_host_allocator
+        print(tune_host_allocator().reason, file=sys.stderr)
+    before = libc.mallinfo2().hblks
+    blocks = [libc.malloc(n << 20) for n in (1, 4, 16)]
+    mapped = libc.mallinfo2().hblks - before
+    for b in reversed(blocks):
+        libc.free(b)
+    print(json.dumps({"mapped": mapped, "keepcost_mib": libc.mallinfo2().keepcost / 2**20}))
+""")
+
+
+def _probe(mode: str, env_extra: dict | None = None) -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
+    env.update(env_extra or {})
+    out = subprocess.run([sys.executable, "-c", PROBE, mode], env=env, capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+@needs_glibc
+def test_tuning_keeps_blocks_below_32_mib_in_the_heap():
+    plain, tuned = _probe("none"), _probe("call")
+    assert plain["mapped"] >= 1          # glibc's default: large blocks go to mmap
+    assert tuned["mapped"] == 0          # tuned: all three blocks come from the heap
+    assert tuned["keepcost_mib"] >= 16   # and freeing them does not trim the heap
+
+
+@needs_glibc
+def test_trainer_tunes_on_cpu_unless_told_not_to():
+    assert _probe("trainer")["mapped"] == 0
+    assert _probe("trainer-default")["mapped"] >= 1
+
+
+@needs_glibc
+def test_user_environment_wins():
+    # The user's own settings (here: mmap everything above 1 MiB) are left in place.
+    probed = _probe("trainer", {"MALLOC_MMAP_THRESHOLD_": str(2**20 - 1)})
+    assert probed["mapped"] == 3
+
+
+def test_bad_mode_is_named():
+    with pytest.raises(ValueError, match="host_allocator='fast'.*auto"):
+        configure_host_allocator("fast", "cpu")
+    assert configure_host_allocator("default", "cpu") is None
+    assert configure_host_allocator("auto", "cuda") is None
