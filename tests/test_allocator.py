@@ -25,7 +25,9 @@ needs_glibc = pytest.mark.skipif(not _glibc_with_mallinfo2(), reason="needs glib
 
 # Allocates blocks of 1 MiB, 4 MiB and 16 MiB with malloc and reports how many of them glibc
 # mapped with mmap (mallinfo2's hblks) and how much free memory it kept at the top of the heap
-# after freeing them (keepcost). With glibc's defaults, the first block above 128 KiB is mapped.
+# after freeing them (keepcost). glibc maps a block when it is above the mmap threshold and the
+# heap's free top cannot hold it: with the defaults (threshold 128 KiB at start) at least the
+# 16 MiB block is mapped; with hasten's (32 MiB) none is.
 PROBE = textwrap.dedent("""
     import ctypes, ctypes.util, json, sys
     class Mallinfo2(ctypes.Structure):
@@ -82,9 +84,10 @@ def test_trainer_tunes_on_cpu_unless_told_not_to():
 
 @needs_glibc
 def test_user_environment_wins():
-    # The user's own settings (here: mmap everything above 1 MiB) are left in place.
+    # The user's own settings (here: mmap blocks above 1 MiB that the heap's free top cannot
+    # hold) are left in place: large blocks are mapped, where hasten's settings map none.
     probed = _probe("trainer", {"MALLOC_MMAP_THRESHOLD_": str(2**20 - 1)})
-    assert probed["mapped"] == 3
+    assert probed["mapped"] >= 1
 
 
 def test_bad_mode_is_named():
