@@ -12,8 +12,8 @@ stayed flat.
 
 `tune_host_allocator()` fixes the three settings with `mallopt`, for the whole process and
 its future DataLoader workers: mmap threshold 32 MiB (the largest glibc accepts on 64-bit),
-trim threshold 2 GiB (the largest a C int holds), top pad 256 MiB. Fixing them also switches off glibc's own adaptation.
-The price: up to the trim threshold of freed memory stays with the process instead of going
+trim threshold 2 GiB (the largest a C int holds), top pad 256 MiB. Fixing them also switches
+off glibc's own adaptation. The price: up to the trim threshold of freed memory stays with the process instead of going
 back to the system, which a training process, holding its peak working set anyway, rarely
 notices. The same settings can be given in the environment before Python starts
 (`MALLOC_MMAP_THRESHOLD_`, `MALLOC_TRIM_THRESHOLD_`, `MALLOC_TOP_PAD_`); when any of those is
@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 import os
 import platform
 from dataclasses import dataclass
@@ -37,7 +38,7 @@ TOP_PAD = 256 * 2**20
 ENV_VARS = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_")
 MODES = ("auto", "tuned", "default")
 
-_applied: "AllocatorReport | None" = None
+_report: "AllocatorReport | None" = None   # the first call's outcome, whatever it was
 
 
 @dataclass(frozen=True)
@@ -49,6 +50,7 @@ class AllocatorReport:
         return self.reason
 
 
+@functools.cache
 def _libc():
     if platform.system() != "Linux":
         return None
@@ -69,16 +71,19 @@ def tune_host_allocator(mmap_threshold: int = MMAP_THRESHOLD, trim_threshold: in
     Idempotent: later calls return the first call's report. A no-op, with the reason in the
     report, on a system without glibc or when the user set the MALLOC_*_ variables.
     """
-    global _applied
+    global _report
     for name, value in (("mmap_threshold", mmap_threshold), ("trim_threshold", trim_threshold), ("top_pad", top_pad)):
         if not 0 <= int(value) < 2**31:
             raise ValueError(f"{name}={value}: mallopt takes a C int, use 0 <= value < 2**31")
-    if _applied is not None:
-        return _applied
+    if _report is None:
+        _report = _tune(mmap_threshold, trim_threshold, top_pad)
+    return _report
+
+
+def _tune(mmap_threshold: int, trim_threshold: int, top_pad: int) -> AllocatorReport:
     user = [v for v in ENV_VARS if v in os.environ]
     if user:
-        _applied = AllocatorReport(False, f"host allocator: left as set in the environment ({', '.join(user)})")
-        return _applied
+        return AllocatorReport(False, f"host allocator: left as set in the environment ({', '.join(user)})")
     libc = _libc()
     if libc is None:
         return AllocatorReport(False, "host allocator: not glibc, left as is")
@@ -88,16 +93,15 @@ def tune_host_allocator(mmap_threshold: int = MMAP_THRESHOLD, trim_threshold: in
         (M_MMAP_THRESHOLD, mmap_threshold), (M_TRIM_THRESHOLD, trim_threshold), (M_TOP_PAD, top_pad)))
     if not ok:
         return AllocatorReport(False, "host allocator: glibc refused the settings, left as is")
-    _applied = AllocatorReport(True, f"host allocator: glibc malloc tuned (mmap threshold "
-                                     f"{mmap_threshold >> 20} MiB, trim threshold {trim_threshold >> 20} MiB, "
-                                     f"top pad {top_pad >> 20} MiB)")
-    return _applied
+    return AllocatorReport(True, f"host allocator: glibc malloc tuned (mmap threshold "
+                                 f"{mmap_threshold >> 20} MiB, trim threshold {trim_threshold >> 20} MiB, "
+                                 f"top pad {top_pad >> 20} MiB)")
 
 
 def host_allocator_state() -> str:
     """One line for run records: whether this process tuned the allocator."""
-    if _applied is not None:
-        return _applied.reason
+    if _report is not None:
+        return _report.reason
     return "host allocator: left as is" + ("" if _libc() is None else " (glibc defaults)")
 
 
