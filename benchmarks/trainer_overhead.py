@@ -3,8 +3,9 @@
 The same tiny MLP (Linear 32-64, ReLU, Linear 64-10; batch 64; SGD; one thread; CPU) for
 2000 steps: the plain PyTorch loop, hasten's Trainer (progress bar and JSONL logger on,
 output to a file), and, when installed, Lightning (bare, and with its progress bar and
-CSV logger). Runs alternate, 5 rounds in one process; reported: the median time ratio to
-the plain loop and the overhead in microseconds per step.
+CSV logger). Runs alternate in one process, in forward then reverse order from round to
+round; reported: the median time ratio to the plain loop of the same round and the
+overhead in microseconds per step.
 
     python benchmarks/trainer_overhead.py [--steps 2000] [--rounds 5]
 """
@@ -129,7 +130,9 @@ def main():
     cpu = {k: [] for k in runners}   # CPU seconds of the whole call (set-up included)
     plain(loader, 200)  # warm-up
     for r in range(args.rounds):
-        for name, fn in runners.items():
+        # alternate the order (ABBA...): drifts in machine speed then fall on every loop alike
+        order = list(runners.items()) if r % 2 == 0 else list(runners.items())[::-1]
+        for name, fn in order:
             with tempfile.TemporaryDirectory() as d:
                 gc.collect()
                 c0 = time.process_time()

@@ -1,4 +1,5 @@
 """The training loop's contracts: reduction, accumulation, seams, evaluation, precision, errors."""
+import json
 import math
 
 import pytest
@@ -8,7 +9,7 @@ import torchmetrics
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from hasten import Algorithm, Event, NonFiniteLossError, Trainer
+from hasten import Algorithm, Callback, Event, NonFiniteLossError, Trainer
 from hasten.callbacks import ProgressBar, SpeedMonitor, LRMonitor
 from hasten.loggers import JSONLLogger
 from hasten.optim import LRSchedule
@@ -181,6 +182,96 @@ def test_no_host_sync_inside_training_steps(monkeypatch, tmp_path):
     tr.fit()
     assert trap.steps == 32
     assert tr.state.timestamp.batch == 32
+
+
+def test_no_host_sync_on_the_quiet_path(monkeypatch, tmp_path):
+    """The same trap with nothing listening inside the step: the Trainer's quiet path."""
+    import sync_trap
+    from hasten.data.resumable import ResumableSampler
+    trap = sync_trap.install(monkeypatch, quiet=True)
+    # the trap is armed while the loader is asked for the next batch, so the loader must do its
+    # host work at the start of an epoch (RandomSampler draws again when it runs out)
+    x, y = classification_data(128)
+    shuffled = DataLoader(TensorDataset(x, y), batch_size=8, sampler=ResumableSampler(128, shuffle=True))
+    tr = Trainer(mlp(dropout=0.1), shuffled, optimizers=_sgd, max_duration="2ep",
+                 device="cpu", grad_clip_norm=1.0, log_interval="100ba", schedulers=[LRSchedule("cosine", warmup="3ba")],
+                 callbacks=[trap, ProgressBar(), SpeedMonitor(), LRMonitor()], loggers=[JSONLLogger(tmp_path / "m.jsonl")])
+    assert tr._quiet_steps()
+    tr.fit()
+    assert trap.steps == 30 and tr.state.timestamp.batch == 32   # all but the first batch of each epoch
+
+
+class ListenInsideTheStep(Callback):
+    """Does nothing, but listens inside the step: the Trainer then takes its evented path."""
+    def after_forward(self, state, logger):
+        pass
+
+
+def _per_sample_mse(outputs, targets):
+    return ((outputs - F.one_hot(targets, outputs.shape[-1]).float()) ** 2).mean(dim=1)
+
+
+@pytest.mark.parametrize("case", ["default", "per-sample-loss", "clip+schedules", "bf16", "epochs+eval"])
+def test_quiet_path_equals_the_evented_path(case, tmp_path):
+    """With nothing listening inside a step the Trainer runs a leaner loop; it must train
+    exactly as the evented loop does: same weights bit for bit, same clock, same logs."""
+    kw = dict(max_duration="13ba", log_interval="4ba")
+    if case == "per-sample-loss":
+        kw["loss_fn"] = _per_sample_mse
+    elif case == "clip+schedules":
+        kw.update(grad_clip_norm=0.05, schedulers=[LRSchedule("cosine", warmup="3ba"),
+                                                   lambda opt: torch.optim.lr_scheduler.StepLR(opt, 5, 0.5)])
+    elif case == "bf16":
+        kw["precision"] = "bf16-mixed"
+    elif case == "epochs+eval":
+        kw.update(max_duration="3ep", eval_dataloader=loader(n=32), eval_interval="5ba")
+
+    def run(listen, name):
+        torch.manual_seed(0)
+        model = mlp(dropout=0.2)
+        tr = Trainer(model, loader(n=48, batch_size=8, shuffle=True), optimizers=_sgd, device="cpu", seed=3,
+                     callbacks=[ListenInsideTheStep()] if listen else [],
+                     loggers=[JSONLLogger(tmp_path / f"{name}.jsonl")], **kw)
+        assert tr._quiet_steps() is not listen
+        tr.fit()
+        tr.close()
+        logs = [{k: v for k, v in json.loads(line).items() if not k.startswith("time/")}
+                for line in (tmp_path / f"{name}.jsonl").read_text().splitlines()]
+        ts = tr.state.timestamp
+        return model, (ts.epoch, ts.batch, ts.sample, ts.token), logs
+
+    quiet, evented = run(False, "quiet"), run(True, "evented")
+    for a, b in zip(quiet[0].parameters(), evented[0].parameters()):
+        assert torch.equal(a, b)
+    assert quiet[1] == evented[1]
+    assert quiet[2] == evented[2] and len(quiet[2]) >= 4
+
+
+def test_batch_ends_between_due_points_still_log_evaluate_and_stop_on_time(tmp_path):
+    """Batch ends skip the interval checks until the next batch one can be due; the points
+    where logging, evaluation and stopping happen stay where the intervals put them."""
+    seen = {"log": [], "eval": []}
+
+    class Watch(Callback):
+        def batch_end(self, state, logger):
+            if state.log_due:
+                seen["log"].append(state.timestamp.batch)
+            if state.timestamp.batch == 12:
+                state.stop_training = True
+
+        def eval_end(self, state, logger):
+            seen["eval"].append(state.timestamp.batch)
+
+    tr = Trainer(mlp(), loader(n=40, batch_size=8), optimizers=_sgd, device="cpu", max_duration="11ba",
+                 log_interval="3ba", eval_dataloader=loader(n=16), eval_interval="5ba", callbacks=[Watch()])
+    tr.fit()
+    assert seen == {"log": [3, 6, 9], "eval": [5, 10, 11]}
+    # a callback's stop request is honoured at the very batch it was made, between due points
+    seen = {"log": [], "eval": []}
+    tr = Trainer(mlp(), loader(n=40, batch_size=8), optimizers=_sgd, device="cpu", max_duration="100ba",
+                 log_interval="50ba", callbacks=[Watch()])
+    tr.fit()
+    assert tr.state.timestamp.batch == 12 and seen["log"] == []
 
 
 def test_schedule_matches_nanogpt_get_lr():

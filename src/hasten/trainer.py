@@ -6,6 +6,7 @@ Algorithm at one of the events, and everything that watches happens in a Callbac
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import signal
 import threading
@@ -18,7 +19,7 @@ import torch.nn.functional as F
 
 from .allocator import configure_host_allocator
 from .checkpoint import CheckpointIO, checkpoint_name, load_latest, restore, save
-from .core import Engine, Event, Interval, State, Time, TimeUnit
+from .core import Algorithm, Engine, Event, Interval, State, Time, TimeUnit
 from .data.resumable import epoch_iterator
 from .loggers import LogHub
 from .utils import batch_size, inputs_targets, resolve_device, seed_everything, split_batch, to_device
@@ -28,6 +29,10 @@ from .utils import batch_size, inputs_targets, resolve_device, seed_everything, 
     Event.AFTER_BACKWARD, Event.AFTER_DATALOADER, Event.AFTER_FORWARD, Event.AFTER_LOSS, Event.AFTER_OPTIM_STEP, Event.BATCH_END, Event.BATCH_START, Event.BEFORE_BACKWARD, Event.BEFORE_DATALOADER, Event.BEFORE_FORWARD, Event.BEFORE_LOSS, Event.BEFORE_OPTIM_STEP, Event.CHECKPOINT, Event.EPOCH_END, Event.EPOCH_START, Event.EVAL_BATCH_END, Event.EVAL_BATCH_START, Event.EVAL_END, Event.EVAL_START, Event.FIT_END, Event.FIT_START, Event.INIT, Event.PREDICT_BATCH_END, Event.PREDICT_END, Event.PREDICT_START)
 
 PRECISIONS = ("fp32", "bf16-mixed", "fp16-mixed")
+# events inside a training step: when none has a listener, epochs run the quiet path
+_STEP_EVENTS = frozenset({BEFORE_DATALOADER, AFTER_DATALOADER, BATCH_START, BEFORE_FORWARD, AFTER_FORWARD,
+                          BEFORE_LOSS, AFTER_LOSS, BEFORE_BACKWARD, AFTER_BACKWARD, BEFORE_OPTIM_STEP,
+                          AFTER_OPTIM_STEP})
 _NO_AUTOCAST = contextlib.nullcontext()   # reusable: fp32 steps enter no real context
 
 
@@ -141,6 +146,8 @@ class Trainer:
         self.state.batch_fn, self.state.autocast = batch_fn, self._autocast
 
         self._sigterm = threading.Event()
+        # until fit() wraps the step: does any algorithm bring its own step seam?
+        self._step_wrapped = any(type(a).wrap_step is not Algorithm.wrap_step for a in self.state.algorithms)
         self._evaluated_at: int | None = None   # batch of the last evaluation during fit
         latest = load_latest(save_folder, self.checkpoint_io) if autoresume else None
         if latest is not None:
@@ -213,6 +220,7 @@ class Trainer:
         for algo in state.algorithms:
             step = algo.wrap_step(step)
         self._step = step
+        self._step_wrapped = step != self._forward_backward
         # The fused mean needs the default loss, which algorithms may swap at any event (label
         # smoothing and MixUp do at FIT_START), so the step checks `state.loss_fn` each time.
         self._fused_mean = state.grad_accum == 1 and Event.AFTER_LOSS not in self.engine.active
@@ -221,6 +229,7 @@ class Trainer:
             interval.start(state.timestamp, state.progress)
         # batch ends compute the run's progress only when an interval is a fraction of it
         self._intervals_need_progress = self.eval_interval.needs_progress or self.log_interval.needs_progress
+        self._next_due = self._next_batch_due()
         state.model.train()
         old_handler = self._install_sigterm()
         try:
@@ -232,7 +241,8 @@ class Trainer:
                     run(EPOCH_START)
                 state.steps_per_epoch = len(loader) if hasattr(loader, "__len__") else None
                 batches = epoch_iterator(loader, state.seed, ts.epoch, ts.batch_in_epoch)
-                finished_epoch = self._run_epoch(batches)
+                finished_epoch = (self._run_quiet_epoch(batches) if self._quiet_steps()
+                                  else self._run_epoch(batches))
                 if finished_epoch:
                     self._end_epoch()
             self._finish()
@@ -254,22 +264,35 @@ class Trainer:
             run(AFTER_DATALOADER)
             self._train_batch(t0)
             if self._after_batch():
-                # the epoch is complete when its last batch was the stopping point
-                spe = state.steps_per_epoch
-                return (not self._sigterm.is_set() and spe is not None
-                        and state.timestamp.batch_in_epoch >= spe)
+                return self._epoch_complete()
+
+    def _epoch_complete(self) -> bool:
+        """After a stop: the epoch is complete when its last batch was the stopping point."""
+        spe = self.state.steps_per_epoch
+        return not self._sigterm.is_set() and spe is not None and self.state.timestamp.batch_in_epoch >= spe
 
     def _train_batch(self, t0: float) -> None:
         state, run = self.state, self.engine.run
-        for sched in state.schedulers:
-            if hasattr(sched, "apply"):
-                sched.apply(state)
+        self._apply_schedules()
         run(BATCH_START)
         batch = state.batch
         n_samples = batch[0].shape[0] if type(batch) is tuple or type(batch) is list else batch_size(batch)
         n_tokens = self.count_tokens(self.batch_fn(batch)[1])
         self._step(state)
         run(BEFORE_OPTIM_STEP)
+        self._optimizer_step(AFTER_OPTIM_STEP in self.engine.active)
+        state.timestamp.advance(n_samples, n_tokens, time.perf_counter() - t0)
+
+    def _apply_schedules(self) -> None:
+        """hasten schedules set the learning rate (and more) from the run's progress."""
+        state = self.state
+        for sched in state.schedulers:
+            if hasattr(sched, "apply"):
+                sched.apply(state)
+
+    def _optimizer_step(self, fire_after: bool) -> None:
+        """Clip, step, (fire AFTER_OPTIM_STEP), zero the gradients, step torch schedulers."""
+        state = self.state
         scaler = state.scaler
         if self.grad_clip_norm is not None:
             if scaler is not None:
@@ -283,20 +306,68 @@ class Trainer:
                 opt.step()
         if scaler is not None:
             scaler.update()
-        run(AFTER_OPTIM_STEP)
+        if fire_after:
+            self.engine.run(AFTER_OPTIM_STEP)
         for opt in state.optimizers:
             opt.zero_grad(set_to_none=True)
         for sched in state.schedulers:
             if not hasattr(sched, "apply"):
                 sched.step()
-        ts = state.timestamp
-        ts.batch += 1
-        ts.batch_in_epoch += 1
-        ts.sample += n_samples
-        ts.sample_in_epoch += n_samples
-        ts.token += n_tokens
-        ts.token_in_epoch += n_tokens
-        ts.train_seconds += time.perf_counter() - t0
+
+    # ------------------------------------------------------------------ the quiet path
+    def _quiet_steps(self) -> bool:
+        """True when nothing listens inside a step: no algorithm or callback on the data,
+        batch-start, forward, loss, backward or optimizer events, no wrapped step, one
+        micro-batch. Such epochs run `_run_quiet_epoch`, which does the same work as
+        `_run_epoch` + `_train_batch` + `_micro_step` with no event dispatch in between
+        (tests check that both give the same weights, bit for bit). Asked at each epoch start."""
+        return (self.state.grad_accum == 1 and not self._step_wrapped
+                and not (self.engine.active & _STEP_EVENTS))
+
+    def _run_quiet_epoch(self, batches) -> bool:
+        """`_run_epoch` for quiet steps: the plain loop, plus the Trainer's bookkeeping."""
+        state, perf_counter = self.state, time.perf_counter
+        autocast = self._autocast()   # fp32: a shared no-op context; autocast objects can be re-entered
+        batch_fn, count_tokens, on_cpu = self.batch_fn, self.count_tokens, self._on_cpu
+        step_losses, after_batch, advance = state.step_losses, self._after_batch, state.timestamp.advance
+        schedules = [s for s in state.schedulers if hasattr(s, "apply")]
+        plain_step = state.scaler is None and self.grad_clip_norm is None and len(schedules) == len(state.schedulers)
+        optimizers = state.optimizers
+        while True:
+            t0 = perf_counter()
+            try:
+                batch = next(batches)
+            except StopIteration:
+                return True
+            if not on_cpu:
+                batch = to_device(batch, self.device)
+            state.batch = state.micro_batch = batch
+            for sched in schedules:
+                sched.apply(state)
+            inputs, targets = batch_fn(batch)
+            n_samples = batch[0].shape[0] if type(batch) is tuple or type(batch) is list else batch_size(batch)
+            fused = state.loss_fn is default_loss   # nobody needs per-sample losses
+            with autocast:
+                state.outputs = out = (state.forward_model(**inputs) if isinstance(inputs, dict)
+                                       else state.forward_model(inputs))
+                loss = default_loss(out, targets, reduction="mean") if fused else state.loss_fn(out, targets)
+            if not fused:
+                state.loss_count = loss.numel()
+                loss = self.reduce_loss(loss)
+            state.loss = loss
+            step_losses.append(loss.detach())
+            if plain_step:   # no scaler, no clipping, no torch schedulers
+                loss.backward()
+                for opt in optimizers:
+                    opt.step()
+                for opt in optimizers:
+                    opt.zero_grad(set_to_none=True)
+            else:
+                (loss if state.scaler is None else state.scaler.scale(loss)).backward()
+                self._optimizer_step(False)
+            advance(n_samples, count_tokens(targets), perf_counter() - t0)
+            if after_batch():
+                return self._epoch_complete()
 
     def _forward_backward(self, state: State) -> None:
         """Forward and backward of every micro-batch of the step (the default step)."""
@@ -350,6 +421,13 @@ class Trainer:
         """Batch end: log, evaluate, checkpoint. True when training must stop now."""
         state, run = self.state, self.engine.run
         ts = state.timestamp
+        if ts.batch < self._next_due:   # no log, evaluation or end of a batch-counted run is due
+            run(BATCH_END)
+            run(CHECKPOINT)
+            if self._sigterm.is_set():
+                self._save_on_sigterm()
+                return True
+            return state.stop_training
         progress = state.progress if self._intervals_need_progress else 0.0
         state.log_due = self.log_interval.due(ts, progress)
         run(BATCH_END)
@@ -359,10 +437,30 @@ class Trainer:
             self._evaluate_during_fit()
         run(CHECKPOINT)
         state.log_due = False
+        self._next_due = self._next_batch_due()
         if self._sigterm.is_set():
             self._save_on_sigterm()
             return True
         return state.is_done() or state.stop_training
+
+    def _next_batch_due(self) -> float:
+        """The next batch count at which a batch end must check the log and eval intervals
+        and the end of the run; 0 (check every batch) when one of them is not counted in
+        batches or epochs, or when batch ends compute the run's progress."""
+        state = self.state
+        if self._intervals_need_progress:
+            return 0
+        unit = state.max_duration.unit
+        if unit == TimeUnit.BATCH:
+            end = state.max_duration.value
+        elif unit == TimeUnit.EPOCH:
+            end = math.inf   # epoch-counted runs end at an epoch end
+        else:
+            return 0
+        dues = [self.log_interval.next_batch_due(), self.eval_interval.next_batch_due() if self._has_eval() else math.inf]
+        if None in dues:
+            return 0
+        return min(end, *dues)
 
     def _end_epoch(self) -> None:
         state, run = self.state, self.engine.run

@@ -114,6 +114,16 @@ class Timestamp:
     def get(self, unit: TimeUnit) -> float:
         return getattr(self, _FIELD[unit])
 
+    def advance(self, samples: int, tokens: int, seconds: float) -> None:
+        """Count one finished optimizer step."""
+        self.batch += 1
+        self.batch_in_epoch += 1
+        self.sample += samples
+        self.sample_in_epoch += samples
+        self.token += tokens
+        self.token_in_epoch += tokens
+        self.train_seconds += seconds
+
     def state_dict(self) -> dict:
         return asdict(self)
 
@@ -165,6 +175,16 @@ class Interval:
             self._last = i
             return True
         return False
+
+    def next_batch_due(self) -> float | None:
+        """The batch count at which `due` fires next at a batch end; inf when it never does
+        (epoch intervals fire at epoch ends); None when that cannot be known in advance
+        (samples, tokens, fractions of the run, wall-clock)."""
+        if self._epochs:
+            return math.inf
+        if self._field != "batch":
+            return None
+        return ((self._last or 0) + 1) * self._n
 
     def reset(self) -> None:
         self._last = None
