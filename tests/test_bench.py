@@ -116,6 +116,18 @@ def test_ladder_steps_from_a_recipe_diff(tmp_path):
     assert specs[0][1].overrides == ["data.path=x", "optimizer.lr=0.002"]
 
 
+def test_the_bench_evaluation_cadence_wins_over_ladder_steps_and_recipes():
+    """`--eval-every` is the harness's cadence: a step (cifar10-fast's trainer section sets
+    eval_interval=10ep) or a recipe's own '+' override must not replace it."""
+    from hasten.config import load_recipe
+    cadence = ["trainer.eval_interval=25000sp"]
+    specs = ladder_specs("cifar10-baseline", "cifar10-fast", shared=["data.path=x"], last=cadence)
+    for _, spec in specs:
+        assert load_recipe(spec.recipe, spec.overrides).trainer.eval_interval == "25000sp"
+    spec = runner.Spec.parse("cifar10-fast+trainer.eval_interval=3ep", ["data.path=x"], cadence)
+    assert load_recipe(spec.recipe, spec.overrides).trainer.eval_interval == "25000sp"
+
+
 def test_every_rung_of_the_cifar_ladder_is_a_valid_recipe():
     """The model step swaps ResNet-9 for the speedrun network, whose constructor has other keys."""
     from hasten.config import load_recipe, to_dict

@@ -79,12 +79,13 @@ def _cmd_bench(args) -> int:
     if not specs_text:
         raise SystemExit("hasten bench: give at least one recipe")
     target = Target.parse(args.target)
-    shared += [f"trainer.eval_interval={args.eval_every}"] if args.eval_every else []
+    # the harness's evaluation cadence wins over recipes and ladder steps alike
+    last = [f"trainer.eval_interval={args.eval_every}"] if args.eval_every else []
     seeds = [args.seed0 + i for i in range(args.seeds)]
     command = "hasten bench " + " ".join(shlex.quote(a) for a in args.argv)
     if args.ladder:
         from .bench.ladder import ladder_markdown, ladder_plot, ladder_specs
-        steps = ladder_specs(specs_text[0], args.ladder, args.order.split(",") if args.order else None, shared)
+        steps = ladder_specs(specs_text[0], args.ladder, args.order.split(",") if args.order else None, shared, last)
         ends = [Path(Spec.parse(t).recipe).stem for t in (specs_text[0], args.ladder)]
         out_dir = Path(args.out) / (args.name or f"ladder-{ends[0]}-to-{ends[1]}")
         console.print(f"ladder: {len(steps)} rows ({', '.join(n for n, _ in steps)}), {len(seeds)} seed(s) each, "
@@ -101,7 +102,7 @@ def _cmd_bench(args) -> int:
         (out_dir / "ladder.json").write_text(json.dumps({"command": command, "target": str(tgt), "rows": rows}, indent=2))
         print(md)
         return 0
-    specs = unique_labels([Spec.parse(t, shared) for t in specs_text])
+    specs = unique_labels([Spec.parse(t, shared, last) for t in specs_text])
     out_dir = Path(args.out) / (args.name or "-vs-".join(Path(s.recipe).stem for s in specs))
     console.print(f"bench: {len(specs)} recipe(s) x {len(seeds)} seed(s), interleaved; target {target}; "
                   f"results in {out_dir}")

@@ -72,12 +72,16 @@ def ladder_steps(baseline: str, target: str, order: list[str] | None = None) -> 
     return [(n, steps[n]) for n in names]
 
 
-def ladder_specs(baseline: str, target: str, order: list[str] | None = None, shared: list[str] = ()) -> list[tuple[str, Spec]]:
+def ladder_specs(baseline: str, target: str, order: list[str] | None = None, shared: list[str] = (),
+                 last: list[str] = ()) -> list[tuple[str, Spec]]:
+    """The rows of the ladder. `shared` overrides apply to every row, but a step that sets the
+    same key wins; `last` overrides win over every step (the harness's evaluation cadence)."""
     base = Spec.parse(baseline, shared)
-    specs, acc = [("baseline", Spec(label="baseline", recipe=base.recipe, overrides=base.overrides))], []
+    last = list(last)
+    specs, acc = [("baseline", Spec(label="baseline", recipe=base.recipe, overrides=base.overrides + last))], []
     for name, overrides in ladder_steps(baseline, target, order):
         acc = acc + overrides
-        specs.append((name, Spec(label=f"+{name}", recipe=base.recipe, overrides=base.overrides + acc)))
+        specs.append((name, Spec(label=f"+{name}", recipe=base.recipe, overrides=base.overrides + acc + last)))
     return specs
 
 

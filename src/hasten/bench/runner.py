@@ -31,10 +31,12 @@ class Spec:
     overrides: list[str] = field(default_factory=list)
 
     @classmethod
-    def parse(cls, text: str, shared: list[str] = ()) -> "Spec":
+    def parse(cls, text: str, shared: list[str] = (), last: list[str] = ()) -> "Spec":
+        """`shared` overrides come first (the recipe's own '+' overrides win over them);
+        `last` ones come after everything (they win: the harness's evaluation cadence)."""
         recipe, *extra = _SPLIT.split(text)
         name = Path(recipe).stem if recipe.endswith((".yaml", ".yml")) else recipe
-        return cls(label="+".join([name] + extra), recipe=recipe, overrides=list(shared) + extra)
+        return cls(label="+".join([name] + extra), recipe=recipe, overrides=list(shared) + extra + list(last))
 
 
 def unique_labels(specs: list[Spec]) -> list[Spec]:
