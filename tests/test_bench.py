@@ -128,6 +128,28 @@ def test_the_bench_evaluation_cadence_wins_over_ladder_steps_and_recipes():
     assert load_recipe(spec.recipe, spec.overrides).trainer.eval_interval == "25000sp"
 
 
+def test_ladder_report_reads_capped_runs_from_their_evaluations(tmp_path):
+    """A row stopped by the cap has no final record: its time per sample and its final metric
+    come from its last evaluation, and the table says where that value was read."""
+    from hasten.bench.ladder import ladder_markdown, ladder_plot
+
+    def ev(sample, train_s, acc):
+        return {"sample": sample, "train_s": train_s, "token": 0, "batch": sample // 10, "metrics": {"val/acc": acc}}
+    runs = [
+        {"label": "baseline", "seed": 0, "status": "ok", "evals": [ev(500, 5.0, 0.6), ev(1000, 10.0, 0.8)],
+         "final": {"train_s": 10.0, "warmup_s": 0.0, "sample": 1000, "metrics": {"val/acc": 0.8}}},
+        {"label": "+a", "seed": 0, "status": "capped", "evals": [ev(400, 2.0, 0.5)]},
+    ]
+    steps = [("baseline", runner.Spec("baseline", "r")), ("a", runner.Spec("+a", "r"))]
+    md, rows = ladder_markdown(runs, steps, Target.parse("val/acc>=0.7"), "t")
+    assert rows[0]["time_to_target_s"] == 10.0 and rows[0]["final"] == 0.8
+    assert rows[1]["s_per_sample"] == pytest.approx(0.005) and rows[1]["systems_x"] == pytest.approx(2.0)
+    assert rows[1]["final"] == 0.5 and rows[1]["final_at_sample"] == 400 and rows[1]["reached"] == 0
+    assert "| a | capped | 0/1 |" in md and "0.5000 (400 sp)" in md and "| 2.00 |" in md
+    png = ladder_plot(rows, tmp_path / "ladder.png")
+    assert png is None or png.stat().st_size > 0
+
+
 def test_every_rung_of_the_cifar_ladder_is_a_valid_recipe():
     """The model step swaps ResNet-9 for the speedrun network, whose constructor has other keys."""
     from hasten.config import load_recipe, to_dict

@@ -103,9 +103,14 @@ def ladder_markdown(runs: list[dict], steps: list[tuple[str, Spec]], target: Tar
         if spp is None and rs and rs[0].get("evals"):
             e = rs[0]["evals"][-1]
             spp = e["train_s"] / e["sample"] if e["sample"] else None
+        # where the final value was read: the run's end, or its last evaluation before the cap
+        at = [r["final"]["sample"] if r.get("final") else (r["evals"][-1]["sample"] if r.get("evals") else None)
+              for r in rs]
         row = {"step": name, "label": spec.label, "status": [r["status"] for r in rs], "reached": len(hits),
                "runs": len(rs), "time_to_target_s": ttt, "samples_to_target": sps, "s_per_sample": spp,
-               "final": sum(finals) / len(finals) if finals else None}
+               "final": sum(finals) / len(finals) if finals else None, "metric": target.metric,
+               "final_at_sample": max((a for a in at if a is not None), default=None),
+               "capped": any(r["status"] == "capped" for r in rs)}
         if prev is not None:
             row["systems_x"] = prev["s_per_sample"] / spp if prev["s_per_sample"] and spp else None
             row["algorithmic_x"] = (prev["samples_to_target"] / sps
@@ -117,32 +122,55 @@ def ladder_markdown(runs: list[dict], steps: list[tuple[str, Spec]], target: Tar
         prev = row
     lines = header(title, target, "One step at a time from the baseline; each row adds one change to the row above. "
                    "systems x: time per sample of the row above / this row (same math, faster steps); algorithmic x: "
-                   "samples to target of the row above / this row; cumulative: baseline time to target / this row's.",
+                   "samples to target of the row above / this row; cumulative: baseline time to target / this row's. "
+                   "final: the metric at the end of the run, or, for a run stopped by the time cap, at its last "
+                   "evaluation (samples seen then in brackets).",
                    command)
     lines += ["| step | status | reached | time to target (s) | samples to target | ms per 1k samples | "
               "final | systems x | algorithmic x | cumulative x |", "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         ms = r["s_per_sample"] * 1e6 if r["s_per_sample"] else None
+        final = _f(r["final"], 4)
+        if r["capped"] and r["final_at_sample"] is not None:
+            final += f" ({r['final_at_sample']:,} sp)"
         lines.append(f"| {r['step']} | {','.join(r['status'])} | {r['reached']}/{r['runs']} | {_f(r['time_to_target_s'], 1)} | "
-                     f"{_f(r['samples_to_target'], 0)} | {_f(ms, 1)} | {_f(r['final'], 4)} | "
+                     f"{_f(r['samples_to_target'], 0)} | {_f(ms, 1)} | {final} | "
                      f"{_f(r.get('systems_x'), 2)} | {_f(r.get('algorithmic_x'), 2)} | {_f(r.get('cumulative_x'), 2)} |")
     return "\n".join(lines) + "\n", rows
 
 
 def ladder_plot(rows: list[dict], path: Path) -> Path | None:
+    """Three panels, one bar per row: time to target ('miss' where the row did not reach it),
+    time per 1,000 samples (the systems side), and the final metric (at the cap, hatched,
+    for capped runs)."""
     plt = pyplot()
     if plt is None:
         return None
     names = [r["step"] for r in rows]
-    ttt = [r["time_to_target_s"] if r["time_to_target_s"] is not None else math.nan for r in rows]
-    fig, ax = plt.subplots(figsize=(max(6, len(rows) * 0.9), 4))
-    ax.bar(range(len(rows)), ttt, color=["#888" if math.isnan(t) else "#3a7" for t in ttt])
-    for i, r in enumerate(rows):
-        txt = "miss" if r["time_to_target_s"] is None else f"{r['time_to_target_s']:.0f}s"
-        ax.text(i, 0 if math.isnan(ttt[i]) else ttt[i], txt, ha="center", va="bottom", fontsize=8)
-    ax.set_xticks(range(len(rows)), names, rotation=30, ha="right")
+    x = range(len(rows))
+    nan = math.nan
+    ttt = [r["time_to_target_s"] if r["time_to_target_s"] is not None else nan for r in rows]
+    ms = [r["s_per_sample"] * 1e6 if r["s_per_sample"] else nan for r in rows]
+    fin = [r["final"] if r["final"] is not None else nan for r in rows]
+    fig, axes = plt.subplots(3, 1, figsize=(max(6, len(rows) * 0.8), 9), sharex=True)
+    ax = axes[0]
+    ax.bar(x, [0 if math.isnan(t) else t for t in ttt], color="#3a7")
+    for i, t in enumerate(ttt):
+        ax.text(i, 0 if math.isnan(t) else t, "miss" if math.isnan(t) else f"{t:.0f}s", ha="center", va="bottom",
+                fontsize=8)
     ax.set_ylabel("time to target (s)")
-    ax.set_title("ladder: cumulative steps from the baseline")
+    ax.set_title("ladder: each row adds one change to the row above")
+    ax = axes[1]
+    ax.bar(x, ms, color="#37a")
+    ax.set_ylabel("ms per 1k samples")
+    ax = axes[2]
+    bars = ax.bar(x, fin, color="#a73")
+    for b, r in zip(bars, rows):
+        if r.get("capped"):
+            b.set_hatch("//")
+    metric = rows[0].get("metric", "final") if rows else "final"
+    ax.set_ylabel(f"final {metric}\n(hatched: at the cap)")
+    ax.set_xticks(list(x), names, rotation=30, ha="right")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
