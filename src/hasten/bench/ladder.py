@@ -140,9 +140,9 @@ def ladder_markdown(runs: list[dict], steps: list[tuple[str, Spec]], target: Tar
 
 
 def ladder_plot(rows: list[dict], path: Path) -> Path | None:
-    """Three panels, one bar per row: time to target ('miss' where the row did not reach it),
-    time per 1,000 samples (the systems side), and the final metric (at the cap, hatched,
-    for capped runs)."""
+    """Panels, one bar per row: time to target ('miss' where the row did not reach it; left out
+    when no row did), time per 1,000 samples (the systems side), and the final metric (at the
+    cap, hatched, for capped runs)."""
     plt = pyplot()
     if plt is None:
         return None
@@ -152,18 +152,21 @@ def ladder_plot(rows: list[dict], path: Path) -> Path | None:
     ttt = [r["time_to_target_s"] if r["time_to_target_s"] is not None else nan for r in rows]
     ms = [r["s_per_sample"] * 1e6 if r["s_per_sample"] else nan for r in rows]
     fin = [r["final"] if r["final"] is not None else nan for r in rows]
-    fig, axes = plt.subplots(3, 1, figsize=(max(6, len(rows) * 0.8), 9), sharex=True)
-    ax = axes[0]
-    ax.bar(x, [0 if math.isnan(t) else t for t in ttt], color="#3a7")
-    for i, t in enumerate(ttt):
-        ax.text(i, 0 if math.isnan(t) else t, "miss" if math.isnan(t) else f"{t:.0f}s", ha="center", va="bottom",
-                fontsize=8)
-    ax.set_ylabel("time to target (s)")
-    ax.set_title("ladder: each row adds one change to the row above")
-    ax = axes[1]
+    reached = not all(math.isnan(t) for t in ttt)   # no row reached the target: no time-to-target panel
+    fig, axes = plt.subplots(2 + reached, 1, figsize=(max(6, len(rows) * 0.8), 3 * (2 + reached)), sharex=True)
+    axes[0].set_title("ladder: each row adds one change to the row above"
+                      + ("" if reached else " (no row reached the target)"))
+    if reached:
+        ax = axes[0]
+        ax.bar(x, [0 if math.isnan(t) else t for t in ttt], color="#3a7")
+        for i, t in enumerate(ttt):
+            ax.text(i, 0 if math.isnan(t) else t, "miss" if math.isnan(t) else f"{t:.0f}s", ha="center",
+                    va="bottom", fontsize=8)
+        ax.set_ylabel("time to target (s)")
+    ax = axes[-2]
     ax.bar(x, ms, color="#37a")
     ax.set_ylabel("ms per 1k samples")
-    ax = axes[2]
+    ax = axes[-1]
     bars = ax.bar(x, fin, color="#a73")
     for b, r in zip(bars, rows):
         if r.get("capped"):
