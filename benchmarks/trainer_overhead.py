@@ -154,7 +154,7 @@ def main():
         rows.append(f"| {name} | {statistics.median(ts):.3f} | {med_ratio:.3f} ({min(ratios):.3f}-{max(ratios):.3f}) "
                     f"| {best_ratio:.3f} | {cpu_ratio:.3f} | {over_us:+.1f} |")
     md = ("# Trainer overhead (tiny MLP, 2000 steps, batch 64, 1 thread, CPU)\n\n"
-          f"{args.rounds} alternating rounds in one process; ratio = time / plain loop time of the same round.\n\n"
+          f"{args.rounds} rounds in one process, the order reversed every other round; ratio = time / plain loop time of the same round.\n\n"
           "| loop | median time (s) | median ratio (min-max) | best / best | median CPU-time ratio | overhead (us/step, medians) |\n"
           "|---|---|---|---|---|---|\n"
           + "\n".join(rows))
