@@ -196,8 +196,8 @@ def test_no_host_sync_on_the_quiet_path(monkeypatch, tmp_path):
     tr = Trainer(mlp(dropout=0.1), shuffled, optimizers=_sgd, max_duration="2ep",
                  device="cpu", grad_clip_norm=1.0, log_interval="100ba", schedulers=[LRSchedule("cosine", warmup="3ba")],
                  callbacks=[trap, ProgressBar(), SpeedMonitor(), LRMonitor()], loggers=[JSONLLogger(tmp_path / "m.jsonl")])
-    assert tr._quiet_steps()
     tr.fit()
+    assert tr._quiet_steps()
     assert trap.steps == 30 and tr.state.timestamp.batch == 32   # all but the first batch of each epoch
 
 
@@ -232,8 +232,8 @@ def test_quiet_path_equals_the_evented_path(case, tmp_path):
         tr = Trainer(model, loader(n=48, batch_size=8, shuffle=True), optimizers=_sgd, device="cpu", seed=3,
                      callbacks=[ListenInsideTheStep()] if listen else [],
                      loggers=[JSONLLogger(tmp_path / f"{name}.jsonl")], **kw)
-        assert tr._quiet_steps() is not listen
         tr.fit()
+        assert tr._quiet_steps() is not listen
         tr.close()
         logs = [{k: v for k, v in json.loads(line).items() if not k.startswith("time/")}
                 for line in (tmp_path / f"{name}.jsonl").read_text().splitlines()]

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 
 from .allocator import configure_host_allocator
 from .checkpoint import CheckpointIO, checkpoint_name, load_latest, restore, save
-from .core import Algorithm, Engine, Event, Interval, State, Time, TimeUnit
+from .core import Engine, Event, Interval, State, Time, TimeUnit
 from .data.resumable import epoch_iterator
 from .loggers import LogHub
 from .utils import batch_size, inputs_targets, resolve_device, seed_everything, split_batch, to_device
@@ -146,8 +146,6 @@ class Trainer:
         self.state.batch_fn, self.state.autocast = batch_fn, self._autocast
 
         self._sigterm = threading.Event()
-        # until fit() wraps the step: does any algorithm bring its own step seam?
-        self._step_wrapped = any(type(a).wrap_step is not Algorithm.wrap_step for a in self.state.algorithms)
         self._evaluated_at: int | None = None   # batch of the last evaluation during fit
         latest = load_latest(save_folder, self.checkpoint_io) if autoresume else None
         if latest is not None:
@@ -330,9 +328,6 @@ class Trainer:
         autocast = self._autocast()   # fp32: a shared no-op context; autocast objects can be re-entered
         batch_fn, count_tokens, on_cpu = self.batch_fn, self.count_tokens, self._on_cpu
         step_losses, after_batch, advance = state.step_losses, self._after_batch, state.timestamp.advance
-        schedules = [s for s in state.schedulers if hasattr(s, "apply")]
-        plain_step = state.scaler is None and self.grad_clip_norm is None and len(schedules) == len(state.schedulers)
-        optimizers = state.optimizers
         while True:
             t0 = perf_counter()
             try:
@@ -342,8 +337,7 @@ class Trainer:
             if not on_cpu:
                 batch = to_device(batch, self.device)
             state.batch = state.micro_batch = batch
-            for sched in schedules:
-                sched.apply(state)
+            self._apply_schedules()
             inputs, targets = batch_fn(batch)
             n_samples = batch[0].shape[0] if type(batch) is tuple or type(batch) is list else batch_size(batch)
             fused = state.loss_fn is default_loss   # nobody needs per-sample losses
@@ -356,15 +350,8 @@ class Trainer:
                 loss = self.reduce_loss(loss)
             state.loss = loss
             step_losses.append(loss.detach())
-            if plain_step:   # no scaler, no clipping, no torch schedulers
-                loss.backward()
-                for opt in optimizers:
-                    opt.step()
-                for opt in optimizers:
-                    opt.zero_grad(set_to_none=True)
-            else:
-                (loss if state.scaler is None else state.scaler.scale(loss)).backward()
-                self._optimizer_step(False)
+            (loss if state.scaler is None else state.scaler.scale(loss)).backward()
+            self._optimizer_step(False)
             advance(n_samples, count_tokens(targets), perf_counter() - t0)
             if after_batch():
                 return self._epoch_complete()
@@ -424,10 +411,7 @@ class Trainer:
         if ts.batch < self._next_due:   # no log, evaluation or end of a batch-counted run is due
             run(BATCH_END)
             run(CHECKPOINT)
-            if self._sigterm.is_set():
-                self._save_on_sigterm()
-                return True
-            return state.stop_training
+            return self._stop_on_sigterm() or state.stop_training
         progress = state.progress if self._intervals_need_progress else 0.0
         state.log_due = self.log_interval.due(ts, progress)
         run(BATCH_END)
@@ -438,10 +422,14 @@ class Trainer:
         run(CHECKPOINT)
         state.log_due = False
         self._next_due = self._next_batch_due()
+        return self._stop_on_sigterm() or state.is_done() or state.stop_training
+
+    def _stop_on_sigterm(self) -> bool:
+        """True (after saving a checkpoint) when SIGTERM arrived."""
         if self._sigterm.is_set():
             self._save_on_sigterm()
             return True
-        return state.is_done() or state.stop_training
+        return False
 
     def _next_batch_due(self) -> float:
         """The next batch count at which a batch end must check the log and eval intervals
