@@ -26,7 +26,9 @@ def _flatten(d: dict, prefix: str = "") -> dict:
     out = {}
     for k, v in d.items():
         key = f"{prefix}{k}"
-        if isinstance(v, dict) and v:
+        # descend into sections, not into mappings keyed by patterns with dots ({"head.*": 12.6}),
+        # which a dotted override cannot address: those are set whole
+        if isinstance(v, dict) and v and not any("." in str(k2) for k2 in v):
             out.update(_flatten(v, key + "."))
         else:
             out[key] = v
@@ -50,7 +52,8 @@ def ladder_steps(baseline: str, target: str, order: list[str] | None = None) -> 
     for section in SECTIONS:
         fa, fb = _flatten(a[section], section + "."), _flatten(b[section], section + ".")
         diff = [f"{k}={_yaml_value(fb[k])}" for k in fb if fa.get(k) != fb[k]]
-        diff += [f"{k}=null" for k in fa if k not in fb]
+        # a key the target no longer has; not one that became a mapping there ({} -> {"head.*": 12.6})
+        diff += [f"{k}=null" for k in fa if k not in fb and not any(j.startswith(k + ".") for j in fb)]
         if diff and section == "model" and a["model"].get("name") != b["model"].get("name"):
             # another network: its keys are another constructor's, so the section is replaced whole
             diff = [f"model={json.dumps(b['model'])}"]
