@@ -66,3 +66,64 @@ def test_muon_recipe_trains():
         run.trainer.fit()
         assert len(run.trainer.state.optimizers) == 2
         assert run.trainer.state.eval_metrics["val/loss"] < first - 0.3
+
+
+def test_normalized_conv_muon_equals_muon_on_a_weight_rescaled_by_hand():
+    # Reference: before each update, rescale the flattened kernel to norm sqrt(rows) by hand,
+    # then let torch.optim.Muon step it; two steps, so the Nesterov momentum buffer counts.
+    torch.manual_seed(0)
+    w0 = torch.randn(16, 8, 3, 3) * 3.0
+    grads = [torch.randn(16, 8, 3, 3) for _ in range(2)]
+    kw = dict(lr=0.24, weight_decay=0.0, momentum=0.6, nesterov=True, ns_steps=3)
+    ref = nn.Parameter(w0.view(16, -1).clone())
+    ref_opt = torch.optim.Muon([ref], **kw)
+    ours = nn.Parameter(w0.clone())
+    opt = ConvMuon([ours], normalize_weights=True, **kw)
+    for g in grads:
+        with torch.no_grad():
+            ref.mul_(16 ** 0.5 / ref.norm())
+        ref.grad = g.view(16, -1).clone()
+        ref_opt.step()
+        ours.grad = g.clone()
+        opt.step()
+    torch.testing.assert_close(ours.detach().view(16, -1), ref.detach(), rtol=1e-4, atol=1e-5)
+    # without the option the weights keep their scale (norm ~ 3 * sqrt(1152), far from 4)
+    plain = nn.Parameter(w0.clone())
+    popt = ConvMuon([plain], **kw)
+    plain.grad = grads[0].clone()
+    popt.step()
+    assert plain.norm() > 50 and abs(ours.norm().item() - 4.0) < 1.0
+
+
+def test_muon_with_sgd_for_the_rest_keeps_the_group_rules():
+    from hasten.algorithms.frozen_bn import freeze_bn_scale
+    from hasten.build import build_optimizer
+    from hasten.config import OptimizerConfig
+    from hasten.models import SpeedrunNet
+    m = SpeedrunNet(widths=(8, 16, 16), head_std=1.0)
+    m.whiten.weight.requires_grad_(False)                 # as patch whitening leaves it
+    freeze_bn_scale(m, 1.0, bias_lr_mult=4.0)
+    cfg = OptimizerConfig(name="muon", muon_others="sgd", lr=2.0, momentum=0.85, nesterov=True, weight_decay=1e-3,
+                          decay_min_dim=1, decay_ignores_lr_mult=True, lr_multipliers={"head.*": 8.0},
+                          muon_lr=0.24, muon_momentum=0.6, muon_ns_steps=3, muon_normalize=True)
+    muon, sgd = build_optimizer(cfg, m, torch.device("cpu"))
+    assert isinstance(muon, ConvMuon) and muon.param_groups[0]["normalize_weights"]
+    kernels = {id(p) for n, p in m.named_parameters() if p.ndim == 4 and p.requires_grad}
+    assert {id(p) for p in muon.param_groups[0]["params"]} == kernels      # every trainable conv kernel, nothing else
+    assert type(sgd) is torch.optim.SGD and sgd.defaults["nesterov"] and sgd.defaults["momentum"] == 0.85
+    by_param = {id(p): g for g in sgd.param_groups for p in g["params"]}
+    assert by_param[id(m.head.weight)]["lr"] == pytest.approx(16.0)
+    assert by_param[id(m.whiten.bias)]["lr"] == pytest.approx(2.0)
+    bn_bias = m.groups[0][2].bias
+    assert by_param[id(bn_bias)]["lr"] == pytest.approx(8.0)
+    # the same decay per step (lr x weight_decay) in every group, whatever its lr
+    assert {round(g["lr"] * g["weight_decay"], 12) for g in sgd.param_groups} == {2e-3}
+    n_trainable = sum(1 for p in m.parameters() if p.requires_grad)
+    assert len(kernels) + len(by_param) == n_trainable
+
+
+def test_speedrun_head_std():
+    from hasten.models import SpeedrunNet
+    torch.manual_seed(0)
+    assert SpeedrunNet(widths=(8, 16, 16), head_std=1.0).head.weight.std().item() == pytest.approx(1.0)
+    assert SpeedrunNet(widths=(8, 16, 16)).head.weight.std().item() < 0.2      # PyTorch's default init

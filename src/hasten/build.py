@@ -16,7 +16,7 @@ from .callbacks import LRMonitor, ProgressBar, SpeedMonitor
 from .config import OptimizerConfig, Recipe, to_dict
 from .loggers import ConsoleLogger, JSONLLogger
 from .optim import LRSchedule, apply_lr_multipliers, param_groups
-from .optim.muon import muon_optimizers
+from .optim.muon import muon_for, muon_optimizers, split_for_muon
 from .optim.sgdw import SGDW, decoupled_hparams
 from .tasks import TASKS
 from .tasks.base import Built
@@ -27,14 +27,24 @@ from .utils import resolve_device
 def build_optimizer(cfg: OptimizerConfig, model: torch.nn.Module, device: torch.device, batch_size: int | None = None):
     if cfg.per_example and cfg.name != "sgdw":
         raise ValueError(f"optimizer.per_example applies to sgdw only, not {cfg.name!r}")
-    if cfg.name == "muon":
+    fused = cfg.fused if cfg.fused is not None else device.type in ("cpu", "cuda")
+    if cfg.name == "muon" and cfg.muon_others == "adamw":
         return muon_optimizers(model, muon_lr=cfg.muon_lr, muon_momentum=cfg.muon_momentum,
                                muon_weight_decay=cfg.muon_weight_decay, adam_lr=cfg.lr, adam_betas=cfg.betas,
                                adam_weight_decay=cfg.weight_decay, adjust_lr_fn=cfg.muon_adjust_lr, fused=cfg.fused,
-                               ns_steps=cfg.muon_ns_steps)
+                               ns_steps=cfg.muon_ns_steps, normalize_weights=cfg.muon_normalize)
+    if cfg.name == "muon":   # Muon for the hidden matrices and kernels, SGD with the group rules for the rest
+        hidden, other = split_for_muon(model)
+        opts = [muon_for([p for _, p in hidden], cfg.muon_lr, cfg.muon_momentum, cfg.muon_weight_decay,
+                         cfg.muon_adjust_lr, cfg.muon_ns_steps, cfg.muon_normalize)] if hidden else []
+        if other:
+            groups = param_groups(other, cfg.weight_decay, cfg.decay_min_dim, tuple(cfg.no_decay), cfg.lr_multipliers,
+                                  cfg.decay_ignores_lr_mult)
+            opts.append(apply_lr_multipliers(torch.optim.SGD(groups, lr=cfg.lr, momentum=cfg.momentum,
+                                                             nesterov=cfg.nesterov, fused=fused)))
+        return opts
     groups = param_groups(model, cfg.weight_decay, cfg.decay_min_dim, tuple(cfg.no_decay), cfg.lr_multipliers,
                           cfg.decay_ignores_lr_mult)
-    fused = cfg.fused if cfg.fused is not None else device.type in ("cpu", "cuda")
     if cfg.name == "sgd":
         opt = torch.optim.SGD(groups, lr=cfg.lr, momentum=cfg.momentum, nesterov=cfg.nesterov, fused=fused)
     elif cfg.name == "sgdw":

@@ -62,7 +62,7 @@ class TrainerConfig:
 
 @dataclass
 class OptimizerConfig:
-    name: Literal["sgd", "sgdw", "adamw", "adam", "muon"] = "adamw"   # muon: Muon for hidden matrices + AdamW (lr, betas) for the rest; sgdw: SGD with decoupled weight decay
+    name: Literal["sgd", "sgdw", "adamw", "adam", "muon"] = "adamw"   # muon: Muon for hidden matrices and conv kernels + muon_others for the rest; sgdw: SGD with decoupled weight decay
     lr: float = 1e-3
     momentum: float = 0.9
     nesterov: bool = False
@@ -80,6 +80,8 @@ class OptimizerConfig:
     muon_weight_decay: float = 0.0
     muon_ns_steps: int = 5                 # Newton-Schulz iterations per update
     muon_adjust_lr: Optional[str] = None   # torch.optim.Muon adjust_lr_fn: None/'original' or 'match_rms_adamw'
+    muon_normalize: bool = False           # rescale each Muon parameter to norm sqrt(rows) before its update
+    muon_others: Literal["adamw", "sgd"] = "adamw"  # the optimizer of the rest: adamw (lr, betas, one group) or sgd (lr, momentum, nesterov, parameter-group rules)
 
 
 @dataclass

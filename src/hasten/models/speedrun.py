@@ -3,7 +3,9 @@
     whitening stem   conv k x k (no padding) with 2 * C * k * k outputs, meant to be set
                      from data by `hasten.algorithms.patch_whitening` (PCA of image patches)
     three groups     conv 3x3 -> max-pool 2 -> batch norm -> act -> conv 3x3 -> batch norm -> act
-    head             global max-pool -> linear (no bias) -> logits times `logit_scale`
+    head             global max-pool -> linear (no bias) -> logits times `logit_scale`;
+                     `head_std` sets the head's initial weights to that standard deviation
+                     (airbench's Muon variant: std 1 with logit_scale 1/256)
 
 At the default widths (64, 256, 256) it is about 0.24 GFLOP per 32x32 image (a multiply-add
 counted as 2); the `widths` knob scales it ((32, 96, 96): 0.048 GFLOP; (16, 48, 48): 0.016).
@@ -34,7 +36,7 @@ class ConvGroup(nn.Sequential):
 class SpeedrunNet(nn.Module):
     def __init__(self, num_classes: int = 10, widths: tuple = (64, 256, 256), whiten_kernel: int = 2,
                  in_channels: int = 3, act: str = "gelu", logit_scale: float = 1 / 9,
-                 bn_momentum: float = 0.1, bn_eps: float = 1e-5):
+                 bn_momentum: float = 0.1, bn_eps: float = 1e-5, head_std: float | None = None):
         super().__init__()
         if len(widths) != 3:
             raise ValueError(f"widths must have three entries (one per conv group), got {widths}")
@@ -47,6 +49,9 @@ class SpeedrunNet(nn.Module):
         self.pool = nn.AdaptiveMaxPool2d(1)
         self.head = nn.Linear(widths[-1], num_classes, bias=False)
         self.logit_scale = logit_scale
+        if head_std is not None:
+            with torch.no_grad():
+                self.head.weight.mul_(head_std / self.head.weight.std())
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = self.groups(self.stem_act(self.whiten(x)))

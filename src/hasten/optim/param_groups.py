@@ -2,11 +2,12 @@
 from __future__ import annotations
 
 import fnmatch
+from collections.abc import Iterable
 
 import torch
 
 
-def param_groups(model: torch.nn.Module, weight_decay: float, decay_min_dim: int = 2,
+def param_groups(model: torch.nn.Module | Iterable[tuple[str, torch.Tensor]], weight_decay: float, decay_min_dim: int = 2,
                  no_decay: tuple[str, ...] = (), lr_multipliers: dict[str, float] | None = None,
                  decay_ignores_lr_mult: bool = False) -> list[dict]:
     """Split parameters into groups.
@@ -19,11 +20,13 @@ def param_groups(model: torch.nn.Module, weight_decay: float, decay_min_dim: int
     With `decay_ignores_lr_mult`, a group at m times the lr gets weight_decay / m, so its decay
     per step (lr * weight_decay, for coupled SGD) stays that of the base group: the multiplier
     speeds up the gradient, not the decay.
-    Groups carry a 'name' so monitors can tell them apart.
+    Groups carry a 'name' so monitors can tell them apart. `model` may also be a list of
+    (name, parameter) pairs, to group part of a model (the parameters Muon leaves to SGD).
     """
     lr_multipliers = lr_multipliers or {}
     groups: dict[tuple, dict] = {}
-    for name, p in model.named_parameters():
+    named = model.named_parameters() if isinstance(model, torch.nn.Module) else model
+    for name, p in named:
         if not p.requires_grad:
             continue
         decay = p.dim() >= decay_min_dim and not any(fnmatch.fnmatch(name, pat) for pat in no_decay)
