@@ -41,7 +41,7 @@ def test_overrides_apply_with_yaml_values():
 @pytest.mark.parametrize("override,needle", [
     ("trainer.max_duraton=10ba", "Did you mean 'max_duration'"),
     ("optimzer.lr=1", "Did you mean 'optimizer'"),
-    ("trainer.precision=bf16", "choose one of ['fp32', 'bf16-mixed', 'fp16-mixed']"),
+    ("trainer.precision=bf16", "choose one of ['fp32', 'bf16-mixed', 'fp16-mixed', 'auto']"),
     ("trainer.max_duration=10 epochs", "trainer.max_duration"),
     ("trainer.seed=abc", "trainer.seed: expected a whole number"),
     ("model.n_layers=3", "Did you mean 'n_layer'"),

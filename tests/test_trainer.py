@@ -343,3 +343,16 @@ def test_max_duration_in_samples_and_tokens():
     tr = Trainer(tiny, data, max_duration="35tok", device="cpu")
     tr.fit()
     assert tr.state.timestamp.token == 40 and tr.state.timestamp.batch == 4
+
+
+def test_precision_auto_follows_the_hardware():
+    from hasten.utils import cpu_flags, resolve_precision
+    cpu = torch.device("cpu")
+    assert resolve_precision("auto", cpu, frozenset({"avx2", "avx512f"})) == "fp32"          # bf16 would be emulated
+    assert resolve_precision("auto", cpu, frozenset({"avx512f", "avx512_bf16"})) == "bf16-mixed"
+    assert resolve_precision("auto", cpu, frozenset({"amx_bf16", "amx_tile"})) == "bf16-mixed"
+    assert resolve_precision("fp32", cpu, frozenset({"amx_bf16"})) == "fp32"                 # explicit values win
+    trainer = Trainer(nn.Linear(2, 2), device="cpu", precision="auto")
+    expected = "bf16-mixed" if cpu_flags() & {"avx512_bf16", "amx_bf16"} else "fp32"
+    assert trainer.state.precision == expected
+    assert (trainer._autocast_dtype is torch.bfloat16) == (expected == "bf16-mixed")

@@ -37,7 +37,8 @@ def _cmd_train(args) -> int:
     state = run.trainer.state
     params = run.built.info.get("params")
     console.print(f"hasten {__import__('hasten').__version__}: recipe [bold]{recipe.name}[/] on {state.device} "
-                  f"({recipe.trainer.precision}), {params:,} parameters, max_duration {state.max_duration}"
+                  f"({state.precision}" + (", chosen by precision=auto" if recipe.trainer.precision == "auto" else "")
+                  + f"), {params:,} parameters, max_duration {state.max_duration}"
                   + (f", resuming at batch {state.timestamp.batch}" if state.timestamp.batch else ""))
     console.print(f"run folder: {run.run_dir}")
     t0 = time.perf_counter()

@@ -42,7 +42,7 @@ class TrainerConfig:
     max_duration: str = "1ep"
     eval_interval: str = "1ep"
     log_interval: str = "50ba"
-    precision: Literal["fp32", "bf16-mixed", "fp16-mixed"] = "fp32"
+    precision: Literal["fp32", "bf16-mixed", "fp16-mixed", "auto"] = "fp32"   # auto: bf16-mixed where the hardware has bf16 (CUDA, AVX512-BF16/AMX CPUs), else fp32
     device: str = "auto"
     compile: bool = False
     grad_accum: int = 1

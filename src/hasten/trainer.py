@@ -22,13 +22,14 @@ from .checkpoint import CheckpointIO, checkpoint_name, load_latest, restore, sav
 from .core import Engine, Event, Interval, State, Time, TimeUnit
 from .data.resumable import epoch_iterator
 from .loggers import LogHub
-from .utils import batch_size, inputs_targets, resolve_device, seed_everything, split_batch, to_device
+from .utils import (batch_size, inputs_targets, resolve_device, resolve_precision, seed_everything, split_batch,
+                    to_device)
 
 # Events as module constants: looking members up on an Enum class is slow in Python 3.11.
 (AFTER_BACKWARD, AFTER_DATALOADER, AFTER_FORWARD, AFTER_LOSS, AFTER_OPTIM_STEP, BATCH_END, BATCH_START, BEFORE_BACKWARD, BEFORE_DATALOADER, BEFORE_FORWARD, BEFORE_LOSS, BEFORE_OPTIM_STEP, CHECKPOINT, EPOCH_END, EPOCH_START, EVAL_BATCH_END, EVAL_BATCH_START, EVAL_END, EVAL_START, FIT_END, FIT_START, INIT, PREDICT_BATCH_END, PREDICT_END, PREDICT_START) = (
     Event.AFTER_BACKWARD, Event.AFTER_DATALOADER, Event.AFTER_FORWARD, Event.AFTER_LOSS, Event.AFTER_OPTIM_STEP, Event.BATCH_END, Event.BATCH_START, Event.BEFORE_BACKWARD, Event.BEFORE_DATALOADER, Event.BEFORE_FORWARD, Event.BEFORE_LOSS, Event.BEFORE_OPTIM_STEP, Event.CHECKPOINT, Event.EPOCH_END, Event.EPOCH_START, Event.EVAL_BATCH_END, Event.EVAL_BATCH_START, Event.EVAL_END, Event.EVAL_START, Event.FIT_END, Event.FIT_START, Event.INIT, Event.PREDICT_BATCH_END, Event.PREDICT_END, Event.PREDICT_START)
 
-PRECISIONS = ("fp32", "bf16-mixed", "fp16-mixed")
+PRECISIONS = ("fp32", "bf16-mixed", "fp16-mixed", "auto")   # auto: hasten.utils.resolve_precision
 # events inside a training step: when none has a listener, epochs run the quiet path
 _STEP_EVENTS = frozenset({BEFORE_DATALOADER, AFTER_DATALOADER, BATCH_START, BEFORE_FORWARD, AFTER_FORWARD,
                           BEFORE_LOSS, AFTER_LOSS, BEFORE_BACKWARD, AFTER_BACKWARD, BEFORE_OPTIM_STEP,
@@ -106,6 +107,7 @@ class Trainer:
             raise ValueError("autoresume=True needs save_folder: that is where it looks for checkpoints")
         seed_everything(seed)
         self.device = resolve_device(device)
+        precision = resolve_precision(precision, self.device)
         self.host_allocator = configure_host_allocator(host_allocator, self.device.type)
         self._on_cpu = self.device.type == "cpu"   # CPU batches need no move
         self._fused_mean = False

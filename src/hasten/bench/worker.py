@@ -19,6 +19,7 @@ import time
 import torch
 
 from ..allocator import host_allocator_state
+from ..utils import cpu_flags
 from ..core import Callback
 
 
@@ -64,14 +65,10 @@ class BenchRecorder(Callback):
 
 
 def machine() -> dict:
-    cpu, flags = platform.processor(), set()
+    cpu, flags = platform.processor(), cpu_flags()
     try:
         with open("/proc/cpuinfo") as f:
-            for ln in f:
-                if ln.startswith("model name"):
-                    cpu = ln.split(":", 1)[1].strip()
-                elif ln.startswith("flags") and not flags:
-                    flags = set(ln.split(":", 1)[1].split())
+            cpu = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), cpu)
     except OSError:
         pass
     # the CPU features that decide which precision is fast here
