@@ -84,7 +84,7 @@ def _tiny_official_cifar(path, n=24):
     return path
 
 
-@pytest.mark.parametrize("recipe", ["cifar10-fast", "cifar10-narrow-infobatch", "cifar10-narrow-selective-backprop"])
+@pytest.mark.parametrize("recipe", ["cifar10-fast", "cifar10-fast-lookahead", "cifar10-narrow-infobatch", "cifar10-narrow-selective-backprop"])
 def test_vision_recipes_run_on_tiny_data(tmp_path, recipe):
     path = _tiny_official_cifar(tmp_path / "cifar")
     r = _hasten("train", recipe, f"data.path={path}", "data.batch_size=16", "data.eval_batch_size=40",
