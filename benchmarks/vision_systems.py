@@ -7,7 +7,7 @@ B. Batches per second from the DeviceLoader (uint8 on the device, whole-batch tr
    flip, channels-last) against a host DataLoader with worker processes and per-sample
    crop + flip (what `cifar10-baseline` uses), on CIFAR-shaped random images.
 
-    python benchmarks/vision_systems.py [--rounds 5]
+    python benchmarks/vision_systems.py [--rounds 5] [--name vision_systems]
 """
 from __future__ import annotations
 
@@ -82,6 +82,7 @@ def bench_loaders(rounds: int, batch: int = 256, batches: int = 60) -> dict:
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--name", default="vision_systems", help="results file name (one per machine you keep)")
     args = ap.parse_args()
     results = {"steps": {}, "loaders": None}
     lines = ["# Conv-net systems choices on this machine", "",
@@ -100,7 +101,7 @@ def main():
               f"| DeviceLoader (channels-last) | {loaders['device_loader']:.0f} |",
               f"| DataLoader, workers, per-sample crop + flip | {loaders['dataloader']:.0f} |",
               "", f"DeviceLoader / DataLoader: {loaders['device_loader'] / loaders['dataloader']:.2f}x"]
-    j, m = write_results("vision_systems", results, "\n".join(lines))
+    j, m = write_results(args.name, results, "\n".join(lines))
     print(m.read_text())
 
 

@@ -1,0 +1,108 @@
+"""`cifar10-fast` against the airbench94 CPU port, side by side on one machine.
+
+Runs alternate (peer seed 0, hasten seed 0, peer seed 1, ...), each in its own process, so
+slow spells of a shared machine fall on both. hasten's runs go through `hasten bench` (its
+report lands in results/bench/<name>/); the peer's through peers/airbench94_cpu.py, whose
+runs are appended to results/bench/<name>/peer.jsonl. Both are timed the same way: the
+whitening fit, training and the final test-time-augmented evaluation; per-epoch evaluations,
+data loading and one-off warm-up are not timed. Rerunning continues where a stopped
+comparison left off.
+
+    python benchmarks/cifar10_cpu_vs_peer.py --data cifar10-jpeg.zip --seeds 5 --peer-seeds 3
+
+`--peer-malloc hasten` runs the peer under hasten's host allocator settings (given as
+glibc's MALLOC_* variables), to tell the allocator's share of the gap from the rest.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+from common import RESULTS, write_results  # noqa: E402
+
+from hasten.allocator import MMAP_MAX, MMAP_THRESHOLD, TOP_PAD, TRIM_THRESHOLD  # noqa: E402
+
+HERE = Path(__file__).parent
+HASTEN_MALLOC = {"MALLOC_MMAP_THRESHOLD_": str(MMAP_THRESHOLD), "MALLOC_TRIM_THRESHOLD_": str(TRIM_THRESHOLD),
+                 "MALLOC_TOP_PAD_": str(TOP_PAD), "MALLOC_MMAP_MAX_": str(MMAP_MAX)}
+
+
+def _read_jsonl(path: Path) -> list[dict]:
+    return [json.loads(ln) for ln in path.read_text().splitlines() if ln.strip()] if path.exists() else []
+
+
+def _stats(xs: list[float]) -> str:
+    if not xs:
+        return "–"
+    sd = statistics.stdev(xs) if len(xs) > 1 else 0.0
+    return f"{statistics.mean(xs):.{4 if xs[0] < 1.5 else 1}f} ± {sd:.{4 if xs[0] < 1.5 else 1}f} ({min(xs):.4g}–{max(xs):.4g})"
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--data", required=True, help="CIFAR-10 (official archive or folder, or an image-folder zip)")
+    ap.add_argument("--seeds", type=int, default=5, help="hasten runs")
+    ap.add_argument("--peer-seeds", type=int, default=3, help="peer runs")
+    ap.add_argument("--recipe", default="cifar10-fast")
+    ap.add_argument("--peer-malloc", choices=("default", "hasten"), default="default")
+    ap.add_argument("--target", default="val/acc>=0.908")
+    ap.add_argument("--name", default="cifar10-fast-cpu-vs-peer")
+    args = ap.parse_args(argv)
+
+    folder = RESULTS / "bench" / args.name
+    folder.mkdir(parents=True, exist_ok=True)
+    peer_log = folder / "peer.jsonl"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
+    if args.peer_malloc == "hasten":
+        env.update(HASTEN_MALLOC)
+    for i in range(max(args.seeds, args.peer_seeds)):
+        done = {(r["seed"], bool(r.get("malloc_env"))) for r in _read_jsonl(peer_log)}
+        if i < args.peer_seeds and (i, args.peer_malloc == "hasten") not in done:
+            print(f"peer seed {i} (malloc {args.peer_malloc})", flush=True)
+            subprocess.run([sys.executable, str(HERE / "peers" / "airbench94_cpu.py"), "--data", args.data,
+                            "--seed0", str(i), "--seeds", "1", "--out", str(peer_log)], env=env, check=True)
+        if i < args.seeds:
+            print(f"hasten seed {i}", flush=True)
+            subprocess.run(["hasten", "bench", args.recipe, f"data.path={args.data}", "--seeds", str(i + 1),
+                            "--target", args.target, "--out", str(RESULTS / "bench"), "--name", args.name],
+                           check=True, stdout=subprocess.DEVNULL)
+
+    ours = [r for r in _read_jsonl(folder / "runs.jsonl") if r.get("final")]
+    from hasten.bench.report import final_metric, timed_duration
+    rows, data = [], {"hasten": [], "peer": {}}
+    o_acc = [final_metric(r, "val/acc") for r in ours]
+    o_t = [timed_duration(r) for r in ours]
+    data["hasten"] = [{"seed": r["seed"], "acc": a, "timed_s": t} for r, a, t in zip(ours, o_acc, o_t)]
+    rows.append(f"| hasten `{args.recipe}` | {len(ours)} | {_stats(o_acc)} | {_stats(o_t)} | – |")
+    peers = _read_jsonl(peer_log)
+    for malloc in (False, True):
+        runs = [r for r in peers if bool(r.get("malloc_env")) == malloc]
+        if not runs:
+            continue
+        acc, t = [r["acc_tta"] for r in runs], [r["timed_s"] for r in runs]
+        ratio = statistics.mean(o_t) / statistics.mean(t) if o_t else float("nan")
+        label = "airbench94 CPU port" + (" + hasten's allocator settings" if malloc else "")
+        rows.append(f"| {label} | {len(runs)} | {_stats(acc)} | {_stats(t)} | {ratio:.3f} |")
+        data["peer"]["hasten_malloc" if malloc else "default_malloc"] = [
+            {"seed": r["seed"], "acc": r["acc_tta"], "timed_s": r["timed_s"], "parts_s": r["parts_s"]} for r in runs]
+    md = (f"# `{args.recipe}` against the airbench94 CPU port\n\n"
+          "Side by side, runs alternating, each in its own process. Test accuracy with test-time augmentation; "
+          "timed work: whitening fit, training and the final augmented evaluation (per-epoch evaluation, data "
+          "loading and one-off warm-up not timed). Ratio: hasten's mean timed work over the peer's.\n\n"
+          "| run | seeds | test acc (mean ± std, min–max) | timed s (mean ± std, min–max) | hasten / peer time |\n"
+          "|---|---|---|---|---|\n" + "\n".join(rows) + "\n\n"
+          f"hasten's report: [bench/{args.name}/report.md](bench/{args.name}/report.md); "
+          f"peer runs: [bench/{args.name}/peer.jsonl](bench/{args.name}/peer.jsonl).\n")
+    j, m = write_results(args.name, data, md)
+    print(m.read_text())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
