@@ -150,6 +150,22 @@ def test_ladder_report_reads_capped_runs_from_their_evaluations(tmp_path):
     assert png is None or png.stat().st_size > 0
 
 
+def test_ladder_reads_the_speed_of_a_run_capped_before_its_first_evaluation():
+    """A slow row can hit the cap before its first evaluation; its progress records (written
+    at log points) still give its time per sample, and so the next row's systems ratio."""
+    from hasten.bench.ladder import ladder_markdown
+    runs = [
+        {"label": "baseline", "seed": 0, "status": "capped", "evals": [],
+         "progress": {"train_s": 40.0, "sample": 10000, "batch": 20, "token": 0}},
+        {"label": "+a", "seed": 0, "status": "capped", "evals": [],
+         "progress": {"train_s": 10.0, "sample": 10000, "batch": 20, "token": 0}},
+    ]
+    steps = [("baseline", runner.Spec("baseline", "r")), ("a", runner.Spec("+a", "r"))]
+    _, rows = ladder_markdown(runs, steps, Target.parse("val/acc>=0.7"), "t")
+    assert rows[0]["s_per_sample"] == pytest.approx(0.004) and rows[0]["final"] is None
+    assert rows[1]["systems_x"] == pytest.approx(4.0)
+
+
 def test_every_rung_of_the_cifar_ladder_is_a_valid_recipe():
     """The model step swaps ResNet-9 for the speedrun network, whose constructor has other keys."""
     from hasten.config import load_recipe, to_dict
@@ -193,3 +209,6 @@ def test_harness_detects_a_known_slowdown_and_not_a_phantom_one(tmp_path, capsys
     td = {k: v["timed_duration_s"]["mean"] for k, v in res["recipes"].items()}
     assert td["tiny_lm+algorithms.delay.seconds=0.01"] - td["tiny_lm"] >= 0.38
     assert "| tiny_lm | " in capsys.readouterr().out
+    # every run also recorded its progress at log points (every 10 batches of 40 here)
+    runs = [json.loads(ln) for ln in (tmp_path / "t" / "runs.jsonl").read_text().splitlines()]
+    assert all(r["progress"]["batch"] == 40 and 0 < r["progress"]["train_s"] <= r["final"]["train_s"] for r in runs)

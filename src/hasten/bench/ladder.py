@@ -102,9 +102,10 @@ def ladder_markdown(runs: list[dict], steps: list[tuple[str, Spec]], target: Tar
         ttt = sum(h["seconds"] for h in hits) / len(hits) if hits else None
         sps = sum(h["samples"] for h in hits) / len(hits) if hits else None
         spp = sum(per_sample) / len(per_sample) if per_sample else None
-        # a capped run has no final record: estimate its time per sample from its evaluations
-        if spp is None and rs and rs[0].get("evals"):
-            e = rs[0]["evals"][-1]
+        # a capped run has no final record: estimate its time per sample from its last
+        # evaluation, or, capped before its first one, from its last progress record
+        if spp is None and rs and (rs[0].get("evals") or rs[0].get("progress")):
+            e = rs[0]["evals"][-1] if rs[0].get("evals") else rs[0]["progress"]
             spp = e["train_s"] / e["sample"] if e["sample"] else None
         # where the final value was read: the run's end, or its last evaluation before the cap
         at = [r["final"]["sample"] if r.get("final") else (r["evals"][-1]["sample"] if r.get("evals") else None)

@@ -73,19 +73,23 @@ def _drop_torn_tail(path: Path) -> None:
         path.write_bytes(data[: data.rfind(b"\n") + 1])
 
 
-def _read_worker_output(path: Path) -> tuple[list[dict], dict | None]:
-    evals, final = [], None
+def _read_worker_output(path: Path) -> tuple[list[dict], dict | None, dict | None]:
+    """(evaluations, the final record or None, the last progress record or None)."""
+    evals, final, progress = [], None, None
     if path.is_file():
         for line in path.read_text().splitlines():
             try:
                 row = json.loads(line)
             except json.JSONDecodeError:
                 continue
-            if row.get("kind") == "eval":
+            kind = row.get("kind")
+            if kind == "eval":
                 evals.append(row)
-            elif row.get("kind") == "final":
+            elif kind == "final":
                 final = row
-    return evals, final
+            elif kind == "progress":
+                progress = row
+    return evals, final, progress
 
 
 def run_one(spec: Spec, seed: int, out_dir: Path, cap_s: float | None = None) -> dict:
@@ -114,11 +118,11 @@ def run_one(spec: Spec, seed: int, out_dir: Path, cap_s: float | None = None) ->
                 proc.wait()
                 status = "capped"
         wall = time.perf_counter() - t0
-    evals, final = _read_worker_output(out)
+    evals, final, progress = _read_worker_output(out)
     if status == "ok" and final is None:
         status = "failed"
     return {"label": spec.label, "recipe": spec.recipe, "overrides": spec.overrides, "seed": seed,
-            "status": status, "wall_s": wall, "evals": evals, "final": final,
+            "status": status, "wall_s": wall, "evals": evals, "final": final, "progress": progress,
             "log": str((logs / f"{safe}-seed{seed}.log").name)}
 
 

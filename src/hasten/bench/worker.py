@@ -3,7 +3,9 @@
     python -m hasten.bench.worker SPEC.json OUT.jsonl
 
 SPEC holds {recipe, overrides, seed}. OUT receives one JSON line per evaluation as it
-happens (so a run stopped by the time cap keeps its history) and a final line with the
+happens (so a run stopped by the time cap keeps its history), one per log point with the
+training time and samples so far (so a capped run tells its speed even before its first
+evaluation), and a final line with the
 totals: data set-up, warm-up, training, evaluation and method set-up seconds, samples,
 tokens, peak memory and a description of the machine.
 """
@@ -39,6 +41,10 @@ class BenchRecorder(Callback):
     def batch_end(self, state, logger):
         if self.first_batch_s is None:
             self.first_batch_s = state.timestamp.train_seconds
+        if state.log_due:   # progress at log points: a run capped before its first evaluation still tells its speed
+            ts = state.timestamp
+            self._write({"kind": "progress", "train_s": ts.train_seconds, "batch": ts.batch, "sample": ts.sample,
+                         "token": ts.token})
 
     def eval_start(self, state, logger):
         if state.device.type == "cuda":
