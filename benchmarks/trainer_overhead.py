@@ -2,10 +2,12 @@
 
 The same tiny MLP (Linear 32-64, ReLU, Linear 64-10; batch 64; SGD; one thread; CPU) for
 2000 steps: the plain PyTorch loop, hasten's Trainer (progress bar and JSONL logger on,
-output to a file), and, when installed, Lightning (bare, and with its progress bar and
+output to a file; and bare, to show their share), and, when installed, Lightning (bare, and with its progress bar and
 CSV logger). Runs alternate in one process, in forward then reverse order from round to
-round; reported: the median time ratio to the plain loop of the same round and the
-overhead in microseconds per step.
+round; reported: the median time ratio to the plain loop of the same round, with a
+distribution-free 95% interval, and the overhead in microseconds per step. hasten's
+host allocator settings are applied before the first loop, so every loop runs under them
+(the Trainer would otherwise apply them part-way through the first round).
 
     python benchmarks/trainer_overhead.py [--steps 2000] [--rounds 5]
 """
@@ -30,6 +32,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 from common import write_results  # noqa: E402
 
 from hasten import Trainer  # noqa: E402
+from hasten.allocator import configure_host_allocator  # noqa: E402
 from hasten.callbacks import ProgressBar  # noqa: E402
 from hasten.loggers import JSONLLogger  # noqa: E402
 
@@ -51,13 +54,13 @@ def plain(loader, steps):
     return time.perf_counter() - t0
 
 
-def hasten(loader, steps, out_dir):
+def hasten(loader, steps, out_dir, bare: bool = False):
     model = make_model()
     log = open(os.path.join(out_dir, "progress.txt"), "w")
     tr = Trainer(model, loader, optimizers=lambda m: torch.optim.SGD(m.parameters(), lr=0.01),
                  max_duration=f"{steps}ba", device="cpu",
-                 callbacks=[ProgressBar(console=Console(file=log))],
-                 loggers=[JSONLLogger(os.path.join(out_dir, "metrics.jsonl"))])
+                 callbacks=[] if bare else [ProgressBar(console=Console(file=log))],
+                 loggers=[] if bare else [JSONLLogger(os.path.join(out_dir, "metrics.jsonl"))])
     t0 = time.perf_counter()
     tr.fit()
     dt = time.perf_counter() - t0
@@ -104,6 +107,22 @@ def run_lightning(loader, steps, out_dir, extras: bool):
     return dt
 
 
+def median_ci(values: list[float], level: float = 0.95) -> tuple[float, float]:
+    """Distribution-free confidence interval of a median: the order statistics whose ranks
+    bracket it with probability >= level under the binomial(n, 1/2) law of the count below it."""
+    from math import comb
+    xs, n = sorted(values), len(values)
+    cdf, k = 0.0, 0
+    while k < n:   # largest k with P(Binomial(n, 1/2) < k) <= (1 - level) / 2
+        nxt = cdf + comb(n, k) / 2 ** n
+        if nxt > (1 - level) / 2:
+            break
+        cdf, k = nxt, k + 1
+    if k == 0:
+        return xs[0], xs[-1]
+    return xs[k - 1], xs[n - k]
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--steps", type=int, default=2000)
@@ -115,7 +134,8 @@ def main():
     g = torch.Generator().manual_seed(0)
     ds = TensorDataset(torch.randn(args.steps * 64, 32, generator=g), torch.randint(0, 10, (args.steps * 64,), generator=g))
     loader = DataLoader(ds, batch_size=64)
-    runners = {"plain": lambda d: plain(loader, args.steps), "hasten": lambda d: hasten(loader, args.steps, d)}
+    runners = {"plain": lambda d: plain(loader, args.steps), "hasten": lambda d: hasten(loader, args.steps, d),
+               "hasten (no bar, no logger)": lambda d: hasten(loader, args.steps, d, bare=True)}
     try:
         if not args.no_lightning:
             import lightning  # noqa: F401
@@ -128,6 +148,10 @@ def main():
         pass
     times = {k: [] for k in runners}
     cpu = {k: [] for k in runners}   # CPU seconds of the whole call (set-up included)
+    # The Trainer fixes glibc malloc's settings for the whole process when it first runs on the
+    # CPU (hasten.allocator); fix them before any loop runs, so that every loop, the plain one's
+    # first round included, runs under the same allocator.
+    configure_host_allocator("auto", "cpu")
     plain(loader, 200)  # warm-up
     for r in range(args.rounds):
         # alternate the order (ABBA...): drifts in machine speed then fall on every loop alike
@@ -144,18 +168,21 @@ def main():
     for name, ts in times.items():
         ratios = [t / b for t, b in zip(ts, base)]
         med_ratio = statistics.median(ratios)
+        lo, hi = median_ci(ratios)
         over_us = (statistics.median(ts) - statistics.median(base)) / args.steps * 1e6
         best_ratio = min(ts) / min(base)
         cpu_ratio = statistics.median(c / b for c, b in zip(cpu[name], cpu["plain"]))
-        data["summary"][name] = {"median_s": statistics.median(ts), "median_ratio": med_ratio,
+        data["summary"][name] = {"median_s": statistics.median(ts), "median_ratio": med_ratio, "median_ratio_ci95": [lo, hi],
                                  "min_ratio": min(ratios), "max_ratio": max(ratios), "ratio_of_best": best_ratio,
                                  "median_cpu_ratio": cpu_ratio,
                                  "overhead_us_per_step": over_us}
-        rows.append(f"| {name} | {statistics.median(ts):.3f} | {med_ratio:.3f} ({min(ratios):.3f}-{max(ratios):.3f}) "
+        rows.append(f"| {name} | {statistics.median(ts):.3f} | {med_ratio:.3f} [{lo:.3f}, {hi:.3f}] ({min(ratios):.3f}-{max(ratios):.3f}) "
                     f"| {best_ratio:.3f} | {cpu_ratio:.3f} | {over_us:+.1f} |")
     md = ("# Trainer overhead (tiny MLP, 2000 steps, batch 64, 1 thread, CPU)\n\n"
-          f"{args.rounds} rounds in one process, the order reversed every other round; ratio = time / plain loop time of the same round.\n\n"
-          "| loop | median time (s) | median ratio (min-max) | best / best | median CPU-time ratio | overhead (us/step, medians) |\n"
+          f"{args.rounds} rounds in one process, the order reversed every other round; ratio = time / plain loop time of the same round; "
+          "the 95% interval of the median ratio is distribution-free (order statistics); glibc malloc's settings "
+          "are fixed (as the Trainer fixes them) before the first loop runs.\n\n"
+          "| loop | median time (s) | median ratio [95% CI] (min-max) | best / best | median CPU-time ratio | overhead (us/step, medians) |\n"
           "|---|---|---|---|---|---|\n"
           + "\n".join(rows))
     write_results("trainer_overhead", data, md)

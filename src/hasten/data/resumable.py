@@ -12,6 +12,7 @@ the batches the uninterrupted run saw.
 """
 from __future__ import annotations
 
+import itertools
 from typing import Callable, Iterator
 
 import torch
@@ -120,18 +121,18 @@ def _forked(loader, seed: int, skip: int) -> Iterator:
     """Create the iterator (and take the first batch, or the skipped ones) with the global RNG
     seeded for this epoch, then restore it: the epoch's order and worker seeds depend only
     on (seed, epoch), and the batches after a resume point draw from the restored RNG just
-    as they did in the uninterrupted run."""
+    as they did in the uninterrupted run. The rest of the epoch comes straight from the
+    loader's own iterator (a C-level chain, no generator frame per batch)."""
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         it = iter(loader)
         try:
             if skip == 0:
-                first = next(it)
+                first = [next(it)]
             else:
+                first = []
                 for _ in range(skip):
                     next(it)
         except StopIteration:
-            return
-    if skip == 0:
-        yield first
-    yield from it
+            return iter(())
+    return itertools.chain(first, it)
