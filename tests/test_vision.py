@@ -224,6 +224,23 @@ def test_tta_averages_the_views():
     torch.testing.assert_close(hf.tta_logits(model, x, flip=True, translate=1), want)
 
 
+def test_tta_fraction_spends_the_extra_views_on_the_least_sure_images():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.Flatten(), nn.LazyLinear(5))
+    x = _images(10).contiguous(memory_format=torch.channels_last)
+    plain = model(x).detach()
+    full = hf.tta_logits(model, x, flip=True, translate=1)             # all six views
+    p = plain.softmax(-1).sort(-1, descending=True).values
+    unsure = (p[:, 0] - p[:, 1]).argsort()[:3]                          # 0.3 of 10 images
+    want = plain.clone()
+    want[unsure] = full[unsure]
+    torch.testing.assert_close(hf.tta_logits(model, x, translate=1, fraction=0.3), want)
+    torch.testing.assert_close(hf.tta_logits(model, x, translate=1, fraction=1.0), full)
+    torch.testing.assert_close(hf.tta_logits(model, x, translate=1, fraction=0.0), plain)
+    with pytest.raises(ValueError, match="fraction"):
+        TTA(fraction=1.5)
+
+
 def test_tta_does_not_lower_accuracy_of_a_trained_model(cifar_zip):
     """Measured behaviour: on a small trained CIFAR model, flip+translate TTA does not hurt."""
     from hasten.data.cifar import MEAN, STD, load_cifar10

@@ -1,0 +1,102 @@
+"""What test-time augmentation costs and buys on a trained model, by `translate_fraction`.
+
+Loads a trained image-classification run (its checkpoint and the recipe.yaml saved beside
+it), then evaluates the test set with the plain view only, with the two mirror views, and
+with the six flip-and-translate views given to a fraction f of each batch (the images whose
+plain view gives the smallest top-1 over top-2 probability margin; the rest keep the plain
+view). The host allocator is set as the Trainer sets it. Settings are interleaved round by
+round; times are medians over rounds, with the ratio to full TTA (f = 1) from the same round.
+
+    hasten train cifar10-fast                 # writes runs/<name>/checkpoints/ep9-ba225.pt
+    python benchmarks/tta_cost.py runs/<name>/checkpoints/ep9-ba225.pt [--rounds 3]
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from common import write_results
+from hasten.algorithms.tta import tta_logits
+from hasten.allocator import configure_host_allocator
+from hasten.checkpoint import CheckpointIO
+from hasten.config import load_recipe
+from hasten.tasks import TASKS
+from hasten.utils import resolve_device, resolve_precision
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("checkpoint", help="a checkpoint of a finished image-classification run")
+    ap.add_argument("--data", help="data.path override (default: the run's own)")
+    ap.add_argument("--fractions", default="1,0.5,0.3,0.2,0.15", help="translate fractions to measure")
+    ap.add_argument("--translate", type=int, default=1)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--name", default="tta_cost")
+    args = ap.parse_args(argv)
+
+    ckpt = Path(args.checkpoint)
+    recipe_file = ckpt.parent.parent / "recipe.yaml"
+    if not recipe_file.is_file():
+        raise SystemExit(f"no recipe.yaml beside {ckpt.parent}: pass a checkpoint inside a hasten run folder")
+    recipe = load_recipe(str(recipe_file), [f"data.path={args.data}"] if args.data else [])
+    device = resolve_device(recipe.trainer.device)
+    configure_host_allocator(recipe.trainer.host_allocator, device.type)
+    built = TASKS[recipe.task].build(recipe)
+    model = built.model
+    model.load_state_dict(CheckpointIO().load(ckpt)["model"])
+    model = model.to(device, memory_format=torch.channels_last).eval()
+    bf16 = resolve_precision(recipe.trainer.precision, device) == "bf16-mixed"
+    batches = [(x.to(device), y.to(device)) for x, y in built.eval_dataloader]
+
+    settings = [("plain", 0, 1.0, False), ("mirror", 0, 1.0, True)] + [
+        (f"f={f:g}", args.translate, float(f), True) for f in map(float, args.fractions.split(","))]
+
+    @torch.no_grad()
+    def predict(translate, fraction, flip):
+        out = []
+        with torch.autocast(device.type, torch.bfloat16, enabled=bf16):
+            for x, _ in batches:
+                out.append(tta_logits(model, x, flip=flip, translate=translate, fraction=fraction))
+        return torch.cat(out).float()
+
+    labels = torch.cat([y for _, y in batches])
+    predict(0, 1.0, False)                               # warm-up
+    times = {s[0]: [] for s in settings}
+    preds = {}
+    for _ in range(args.rounds):
+        for name, translate, fraction, flip in settings:
+            t0 = time.perf_counter()
+            logits = predict(translate, fraction, flip)
+            times[name].append(time.perf_counter() - t0)
+            preds[name] = logits.argmax(-1)
+    full = f"f={1.0:g}" if "f=1" in preds else None
+    rows, data = [], []
+    for name, translate, fraction, flip in settings:
+        acc = (preds[name] == labels).float().mean().item()
+        differ = int((preds[name] != preds[full]).sum()) if full else None
+        ratio = (statistics.median(a / b for a, b in zip(times[name], times[full])) if full else None)
+        views = 1 + ((2 if flip else 1) * (3 if translate else 1) - 1) * fraction
+        data.append({"setting": name, "views_per_image": views, "acc": acc, "differ_from_full": differ,
+                     "time_s": statistics.median(times[name]), "times_s": times[name], "ratio_to_full": ratio})
+        rows.append(f"| {name} | {views:g} | {100 * acc:.2f} | {differ if differ is not None else '–'} | "
+                    f"{statistics.median(times[name]):.2f} | {ratio:.3f} |" if ratio else
+                    f"| {name} | {views:g} | {100 * acc:.2f} | – | {statistics.median(times[name]):.2f} | – |")
+    md = (f"# Test-time augmentation: cost and accuracy by translate fraction\n\n"
+          f"Trained run: recipe `{recipe.name}`, checkpoint `{ckpt.name}`; {len(labels)} test images, "
+          f"{'bf16 autocast' if bf16 else 'fp32'}, channels-last, {args.rounds} interleaved rounds "
+          f"(median time; ratio to f=1 from the same round). f: the fraction of each batch, least sure "
+          f"by the plain view first, that also gets the mirror and the four views translated by "
+          f"±{args.translate} px; the rest keep the plain view's logits.\n\n"
+          "| setting | forward passes per image | test acc % | predictions that differ from f=1 | time s | vs f=1 |\n"
+          "|---|---|---|---|---|---|\n" + "\n".join(rows) + "\n")
+    _, m = write_results(args.name, {"recipe": recipe.name, "checkpoint": ckpt.name, "rows": data}, md)
+    print(m.read_text())
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
