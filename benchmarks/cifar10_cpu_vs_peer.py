@@ -69,7 +69,7 @@ def main(argv=None) -> int:
                             "--seed0", str(i), "--seeds", "1", "--out", str(peer_log)], env=env, check=True)
         if i < args.seeds:
             print(f"hasten seed {i}", flush=True)
-            subprocess.run(["hasten", "bench", args.recipe, f"data.path={args.data}", "--seeds", str(i + 1),
+            subprocess.run([sys.executable, "-m", "hasten.cli", "bench", args.recipe, f"data.path={args.data}", "--seeds", str(i + 1),
                             "--target", args.target, "--out", str(RESULTS / "bench"), "--name", args.name],
                            check=True, stdout=subprocess.DEVNULL)
 
