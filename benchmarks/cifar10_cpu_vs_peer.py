@@ -51,6 +51,8 @@ def main(argv=None) -> int:
     ap.add_argument("--peer-seeds", type=int, default=3, help="peer runs")
     ap.add_argument("--recipe", default="cifar10-fast")
     ap.add_argument("--peer-malloc", choices=("default", "hasten"), default="default")
+    ap.add_argument("--peer-precision", choices=("auto", "bf16", "fp32"), default="auto",
+                    help="the peer's precision; auto follows the same rule as hasten's precision: auto")
     ap.add_argument("--target", default="val/acc>=0.908")
     ap.add_argument("--name", default="cifar10-fast-cpu-vs-peer")
     args = ap.parse_args(argv)
@@ -66,7 +68,8 @@ def main(argv=None) -> int:
         if i < args.peer_seeds and (i, args.peer_malloc == "hasten") not in done:
             print(f"peer seed {i} (malloc {args.peer_malloc})", flush=True)
             subprocess.run([sys.executable, str(HERE / "peers" / "airbench94_cpu.py"), "--data", args.data,
-                            "--seed0", str(i), "--seeds", "1", "--out", str(peer_log)], env=env, check=True)
+                            "--seed0", str(i), "--seeds", "1", "--out", str(peer_log),
+                            "--precision", args.peer_precision], env=env, check=True)
         if i < args.seeds:
             print(f"hasten seed {i}", flush=True)
             subprocess.run([sys.executable, "-m", "hasten.cli", "bench", args.recipe, f"data.path={args.data}", "--seeds", str(i + 1),
@@ -87,7 +90,8 @@ def main(argv=None) -> int:
             continue
         acc, t = [r["acc_tta"] for r in runs], [r["timed_s"] for r in runs]
         ratio = statistics.mean(o_t) / statistics.mean(t) if o_t else float("nan")
-        label = "airbench94 CPU port" + (" + hasten's allocator settings" if malloc else "")
+        precisions = "/".join(sorted({r.get("precision", "bf16") for r in runs}))
+        label = f"airbench94 CPU port ({precisions})" + (" + hasten's allocator settings" if malloc else "")
         rows.append(f"| {label} | {len(runs)} | {_stats(acc)} | {_stats(t)} | {ratio:.3f} |")
         data["peer"]["hasten_malloc" if malloc else "default_malloc"] = [
             {"seed": r["seed"], "acc": r["acc_tta"], "timed_s": r["timed_s"], "parts_s": r["parts_s"]} for r in runs]

@@ -3,7 +3,9 @@
 airbench94 (Keller Jordan, 2024: 94.01% in 3.83 s on an A100 on the original CIFAR-10) is a
 hand-tuned single-file speedrun. This file is hasten's own plain-PyTorch rendering of its
 published procedure, not a copy of its code, with the changes a CPU needs: bf16 autocast
-instead of fp16 weights, fp32 parameters, CPU timers. It uses nothing from hasten but the
+instead of fp16 weights, fp32 parameters, CPU timers. On a CPU without bf16 hardware (no
+AVX512-BF16 or AMX) it trains in plain fp32 instead (`--precision`, default auto), as hasten's
+`precision: auto` does: emulated bf16 runs convolutions several times slower there. It uses nothing from hasten but the
 dataset reader (decoding is not timed), so it measures what a careful user gets from plain
 PyTorch. The procedure:
 
@@ -108,7 +110,7 @@ class EpochData:
 
     def __init__(self, images_u8: torch.Tensor, labels: torch.Tensor, gen: torch.Generator):
         x = images_u8.permute(0, 3, 1, 2).float().div_(255)
-        x = ((x - MEAN.view(1, 3, 1, 1)) / STD.view(1, 3, 1, 1)).to(torch.bfloat16)
+        x = ((x - MEAN.view(1, 3, 1, 1)) / STD.view(1, 3, 1, 1)).to(torch.bfloat16 if AMP["on"] else torch.float32)
         self.labels, self.gen, self.epoch = labels, gen, 0
         flip = torch.rand(len(x), generator=gen) < 0.5                   # one random flip per image, once
         x = torch.where(flip.view(-1, 1, 1, 1), x.flip(-1), x)
@@ -146,7 +148,7 @@ def evaluate(model: nn.Module, images: torch.Tensor, labels: torch.Tensor, tta: 
         return 0.5 * model(x) + 0.5 * model(x.flip(-1))
 
     correct = 0
-    with torch.autocast("cpu", dtype=torch.bfloat16):
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=AMP["on"]):
         for x, y in zip(images.split(HYP["eval_batch"]), labels.split(HYP["eval_batch"])):
             if tta:
                 padded = F.pad(x, (1, 1, 1, 1), mode="reflect")
@@ -204,7 +206,7 @@ def run(data, seed: int, epoch_evals: bool, warmup_steps: int = 0) -> dict:
         for x, y in train.epoch_batches(bs):
             for g in opt.param_groups:
                 g["lr"] = g["base_lr"] * triangle(step, total)
-            with torch.autocast("cpu", dtype=torch.bfloat16):
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=AMP["on"]):
                 loss = loss_fn(model(x), y).sum()
             opt.zero_grad(set_to_none=True)
             loss.backward()
@@ -243,6 +245,19 @@ def run(data, seed: int, epoch_evals: bool, warmup_steps: int = 0) -> dict:
             "timed_s": sum(timed.values()), "parts_s": timed, "steps": step, "epoch_evals": evals}
 
 
+AMP = {"on": True}   # bf16 autocast; off (fp32) with --precision fp32
+
+
+def cpu_has_bf16() -> bool:
+    """Whether the CPU computes in bf16 natively (AVX512-BF16 or AMX); without it bf16 is
+    emulated and convolutions run several times slower than in fp32."""
+    try:
+        flags = next(ln for ln in open("/proc/cpuinfo") if ln.startswith("flags")).split()
+    except (OSError, StopIteration):
+        return False
+    return bool({"avx512_bf16", "amx_bf16"} & set(flags))
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--data", help="CIFAR-10: the official archive or folder, or an image-folder zip (hasten's reader)")
@@ -250,13 +265,17 @@ def main(argv=None) -> int:
     ap.add_argument("--seed0", type=int, default=0)
     ap.add_argument("--epoch-evals", action="store_true", help="evaluate after every epoch (not timed)")
     ap.add_argument("--out", help="append one JSON line per run to this file")
+    ap.add_argument("--precision", choices=("auto", "bf16", "fp32"), default="auto",
+                    help="bf16 autocast or plain fp32; auto: bf16 where the CPU has AVX512-BF16 or AMX")
     args = ap.parse_args(argv)
+    AMP["on"] = args.precision == "bf16" or (args.precision == "auto" and cpu_has_bf16())
 
     from hasten.data.cifar import load_cifar10      # the reader only; nothing else of hasten
     data = load_cifar10(args.data)
     allocator = {k: v for k, v in os.environ.items() if k.startswith("MALLOC_")}
     info = {"peer": "airbench94 (CPU port)", "cpu": platform.processor() or platform.machine(),
-            "threads": torch.get_num_threads(), "torch": torch.__version__, "malloc_env": allocator}
+            "threads": torch.get_num_threads(), "torch": torch.__version__, "malloc_env": allocator,
+            "precision": "bf16" if AMP["on"] else "fp32"}
     run(data, seed=10_000, epoch_evals=False, warmup_steps=3)          # warm-up, not timed
     results = []
     for seed in range(args.seed0, args.seed0 + args.seeds):
