@@ -73,7 +73,7 @@ def main(argv=None) -> int:
         if i < args.seeds:
             print(f"hasten seed {i}", flush=True)
             subprocess.run([sys.executable, "-m", "hasten.cli", "bench", args.recipe, f"data.path={args.data}", "--seeds", str(i + 1),
-                            "--target", args.target, "--out", str(RESULTS / "bench"), "--name", args.name],
+                            "--target", args.target, "--out", os.path.relpath(RESULTS / "bench"), "--name", args.name],
                            check=True, stdout=subprocess.DEVNULL)
 
     ours = [r for r in _read_jsonl(folder / "runs.jsonl") if r.get("final")]
