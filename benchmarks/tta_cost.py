@@ -1,4 +1,4 @@
-"""What test-time augmentation costs and buys on a trained model, by `translate_fraction`.
+"""What test-time augmentation costs and buys on a trained model, by `fraction`.
 
 Loads a trained image-classification run (its checkpoint and the recipe.yaml saved beside
 it), then evaluates the test set with the plain view only, with the two mirror views, and
@@ -73,18 +73,18 @@ def main(argv=None) -> int:
             logits = predict(translate, fraction, flip)
             times[name].append(time.perf_counter() - t0)
             preds[name] = logits.argmax(-1)
-    full = f"f={1.0:g}" if "f=1" in preds else None
+    full = "f=1" if "f=1" in preds else None
     rows, data = [], []
     for name, translate, fraction, flip in settings:
         acc = (preds[name] == labels).float().mean().item()
         differ = int((preds[name] != preds[full]).sum()) if full else None
-        ratio = (statistics.median(a / b for a, b in zip(times[name], times[full])) if full else None)
+        ratio = statistics.median(a / b for a, b in zip(times[name], times[full])) if full else None
         views = 1 + ((2 if flip else 1) * (3 if translate else 1) - 1) * fraction
+        t = statistics.median(times[name])
         data.append({"setting": name, "views_per_image": views, "acc": acc, "differ_from_full": differ,
-                     "time_s": statistics.median(times[name]), "times_s": times[name], "ratio_to_full": ratio})
-        rows.append(f"| {name} | {views:g} | {100 * acc:.2f} | {differ if differ is not None else '–'} | "
-                    f"{statistics.median(times[name]):.2f} | {ratio:.3f} |" if ratio else
-                    f"| {name} | {views:g} | {100 * acc:.2f} | – | {statistics.median(times[name]):.2f} | – |")
+                     "time_s": t, "times_s": times[name], "ratio_to_full": ratio})
+        rows.append(f"| {name} | {views:g} | {100 * acc:.2f} | {'–' if differ is None else differ} | {t:.2f} | "
+                    f"{'–' if ratio is None else f'{ratio:.3f}'} |")
     md = (f"# Test-time augmentation: cost and accuracy by translate fraction\n\n"
           f"Trained run: recipe `{recipe.name}`, checkpoint `{ckpt.name}`; {len(labels)} test images, "
           f"{'bf16 autocast' if bf16 else 'fp32'}, channels-last, {args.rounds} interleaved rounds "

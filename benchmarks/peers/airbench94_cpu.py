@@ -5,9 +5,9 @@ hand-tuned single-file speedrun. This file is hasten's own plain-PyTorch renderi
 published procedure, not a copy of its code, with the changes a CPU needs: bf16 autocast
 instead of fp16 weights, fp32 parameters, CPU timers. On a CPU without bf16 hardware (no
 AVX512-BF16 or AMX) it trains in plain fp32 instead (`--precision`, default auto), as hasten's
-`precision: auto` does: emulated bf16 runs convolutions several times slower there. It uses nothing from hasten but the
-dataset reader (decoding is not timed), so it measures what a careful user gets from plain
-PyTorch. The procedure:
+`precision: auto` does: emulated bf16 is many times slower there. It uses nothing from hasten
+but the dataset reader (decoding is not timed; the bf16 check is its own, not hasten's), so it
+measures what a careful user gets from plain PyTorch. The procedure:
 
 - network: 2x2 patch-whitening conv (24 filters: eigenvectors of the uncentred patch
   covariance of 5,000 training images over sqrt(eigenvalue + 5e-4), and their negatives;

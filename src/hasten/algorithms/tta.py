@@ -23,6 +23,11 @@ from ..core import Algorithm, Event
 from ..data.augment import translate as _translate
 
 
+def _check_fraction(fraction: float) -> None:
+    if not 0.0 <= fraction <= 1.0:
+        raise ValueError(f"tta: fraction must lie in [0, 1], got {fraction}")
+
+
 @torch.no_grad()
 def tta_logits(model, x: torch.Tensor, flip: bool = True, translate: int = 0, fraction: float = 1.0) -> torch.Tensor:
     """Weighted mean of the logits of the augmented views of the batch `x` (N, C, H, W).
@@ -31,8 +36,7 @@ def tta_logits(model, x: torch.Tensor, flip: bool = True, translate: int = 0, fr
     smallest top-1 over top-2 probability margin) gets the augmented views; the others keep
     the plain view's logits.
     """
-    if not 0.0 <= fraction <= 1.0:
-        raise ValueError(f"fraction must lie in [0, 1], got {fraction}")
+    _check_fraction(fraction)
 
     def views(z):
         out = model(z)
@@ -77,8 +81,7 @@ class TTA(Algorithm):
 
     def __init__(self, flip: bool = True, translate: int = 1, final_only: bool = True,
                  fraction: float = 1.0):
-        if not 0.0 <= fraction <= 1.0:
-            raise ValueError(f"tta: fraction must lie in [0, 1], got {fraction}")
+        _check_fraction(fraction)        # at construction, so a bad recipe fails before training
         self.flip, self.translate, self.final_only, self.fraction = flip, int(translate), final_only, float(fraction)
         self._saved = None
         self._t0 = None
