@@ -32,11 +32,13 @@ def build_optimizer(cfg: OptimizerConfig, model: torch.nn.Module, device: torch.
         return muon_optimizers(model, muon_lr=cfg.muon_lr, muon_momentum=cfg.muon_momentum,
                                muon_weight_decay=cfg.muon_weight_decay, adam_lr=cfg.lr, adam_betas=cfg.betas,
                                adam_weight_decay=cfg.weight_decay, adjust_lr_fn=cfg.muon_adjust_lr, fused=cfg.fused,
-                               ns_steps=cfg.muon_ns_steps, normalize_weights=cfg.muon_normalize)
+                               ns_steps=cfg.muon_ns_steps, normalize_weights=cfg.muon_normalize,
+                               ns_dtype=cfg.muon_ns_dtype)
     if cfg.name == "muon":   # Muon for the hidden matrices and kernels, SGD with the group rules for the rest
         hidden, other = split_for_muon(model)
         opts = [muon_for([p for _, p in hidden], cfg.muon_lr, cfg.muon_momentum, cfg.muon_weight_decay,
-                         cfg.muon_adjust_lr, cfg.muon_ns_steps, cfg.muon_normalize)] if hidden else []
+                         cfg.muon_adjust_lr, cfg.muon_ns_steps, cfg.muon_normalize,
+                         ns_dtype=cfg.muon_ns_dtype)] if hidden else []
         if other:
             groups = param_groups(other, cfg.weight_decay, cfg.decay_min_dim, tuple(cfg.no_decay), cfg.lr_multipliers,
                                   cfg.decay_ignores_lr_mult)

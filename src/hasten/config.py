@@ -81,6 +81,7 @@ class OptimizerConfig:
     muon_ns_steps: int = 5                 # Newton-Schulz iterations per update
     muon_adjust_lr: Optional[str] = None   # torch.optim.Muon adjust_lr_fn: None/'original' or 'match_rms_adamw'
     muon_normalize: bool = False           # rescale each Muon parameter to norm sqrt(rows) before its update
+    muon_ns_dtype: Literal["auto", "bf16", "fp32"] = "auto"   # Newton-Schulz precision; auto: bf16 on GPUs and bf16 CPUs, fp32 elsewhere
     muon_others: Literal["adamw", "sgd"] = "adamw"  # the optimizer of the rest: adamw (lr, betas, one group) or sgd (lr, momentum, nesterov, parameter-group rules)
 
 

@@ -9,13 +9,25 @@ same update on an (out_channels, in_channels * kh * kw) view of each kernel and 
 
 Recipes with `optimizer.muon_others: sgd` give the rest to SGD instead, with the usual
 parameter-group rules (weight decay by rank, learning-rate multipliers); see `hasten.build`.
+
+The Newton-Schulz iteration's precision (`ns_dtype`): torch.optim.Muon always runs it in
+bf16, which is fast on GPUs and on CPUs with AVX512-BF16 or AMX, but emulated, and slow,
+on other CPUs: for the kernels of the CIFAR speedrun net, three iterations took 2.47 s a
+step in bf16 against 0.047 s in fp32 on a 2-core AVX2-only EPYC, a quarter of each training
+step (benchmarks/muon_ns_cost.py). `ns_dtype="auto"` (the default) picks bf16 on CUDA and on
+CPUs with bf16 hardware, fp32 elsewhere; the two give updates that differ by bf16 rounding
+(about 0.5% relative).
 """
 from __future__ import annotations
 
 import fnmatch
+import math
 
 import torch
 
+from ..utils import BF16_CPU_FLAGS, cpu_flags
+
+NS_DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 DEFAULT_EXCLUDE = ("*wte*", "*wpe*", "*embed*", "*lm_head*", "*head*", "fc.*", "*.fc.weight")
 
 
@@ -31,6 +43,46 @@ def split_for_muon(model: torch.nn.Module, exclude: tuple[str, ...] = DEFAULT_EX
         else:
             other.append((name, p))
     return hidden, other
+
+
+def ns_dtype_for(setting: str, device: torch.device, flags: frozenset | None = None) -> torch.dtype:
+    """The dtype of the Newton-Schulz iteration: 'bf16', 'fp32', or 'auto' (bf16 on CUDA and
+    on CPUs with AVX512-BF16 or AMX, fp32 elsewhere, where bf16 matmuls are emulated)."""
+    if setting == "auto":
+        fast_bf16 = device.type == "cuda" or (
+            device.type == "cpu" and bool((cpu_flags() if flags is None else flags) & BF16_CPU_FLAGS))
+        return torch.bfloat16 if fast_bf16 else torch.float32
+    if setting not in NS_DTYPES:
+        raise ValueError(f"ns_dtype must be 'auto', 'bf16' or 'fp32', got {setting!r}")
+    return NS_DTYPES[setting]
+
+
+def newton_schulz(g: torch.Tensor, coefficients=(3.4445, -4.775, 2.0315), steps: int = 5, eps: float = 1e-7,
+                  dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+    """Orthogonalise a matrix (singular values pushed towards 1) with the quintic Newton-Schulz
+    iteration torch.optim.Muon uses, computed in `dtype`; returns a tensor of that dtype."""
+    if g.ndim != 2:
+        raise ValueError(f"newton_schulz takes a matrix, got shape {tuple(g.shape)}")
+    a, b, c = coefficients
+    x = g.to(dtype)
+    tall = x.size(0) > x.size(1)
+    if tall:
+        x = x.T
+    x = x / x.norm().clamp(min=eps)
+    for _ in range(steps):
+        gram = x @ x.T
+        x = torch.addmm(x, torch.addmm(gram, gram, gram, beta=b, alpha=c), x, beta=a)
+    return x.T if tall else x
+
+
+def _lr_ratio(adjust_lr_fn: str | None, rows: int, cols: int) -> float:
+    # torch.optim.Muon's rules: 'original' keeps update RMS at sqrt(max(1, rows/cols)) times
+    # an orthogonal matrix's; 'match_rms_adamw' scales to AdamW's typical update RMS (0.2).
+    if adjust_lr_fn in (None, "original"):
+        return math.sqrt(max(1.0, rows / cols))
+    if adjust_lr_fn == "match_rms_adamw":
+        return 0.2 * math.sqrt(max(rows, cols))
+    raise ValueError(f"adjust_lr_fn must be None, 'original' or 'match_rms_adamw', got {adjust_lr_fn!r}")
 
 
 def _matrix(t: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
@@ -50,14 +102,21 @@ class ConvMuon(torch.optim.Muon):
     `normalize_weights=True` rescales each parameter to Frobenius norm sqrt(dim 0) before its
     update (the airbench Muon procedure for conv filters followed by batch norm: the layer's
     function ignores the filters' scale, so fixing it makes the learning rate the size of each
-    step relative to the weights, for the whole run)."""
+    step relative to the weights, for the whole run).
+
+    `ns_dtype` sets the precision of the Newton-Schulz iteration ('auto', 'bf16', 'fp32'; see
+    the module docstring); with 'bf16' the update is torch.optim.Muon's."""
 
     def __init__(self, params, lr: float = 1e-3, weight_decay: float = 0.1, momentum: float = 0.95,
                  nesterov: bool = True, ns_coefficients=(3.4445, -4.775, 2.0315), eps: float = 1e-7,
-                 ns_steps: int = 5, adjust_lr_fn: str | None = None, normalize_weights: bool = False):
+                 ns_steps: int = 5, adjust_lr_fn: str | None = None, normalize_weights: bool = False,
+                 ns_dtype: str = "auto"):
+        if ns_dtype != "auto" and ns_dtype not in NS_DTYPES:
+            raise ValueError(f"ns_dtype must be 'auto', 'bf16' or 'fp32', got {ns_dtype!r}")
+        _lr_ratio(adjust_lr_fn, 1, 1)   # rejects an unknown rule now rather than at the first step
         defaults = dict(lr=lr, weight_decay=weight_decay, momentum=momentum, nesterov=nesterov,
                         ns_coefficients=ns_coefficients, eps=eps, ns_steps=ns_steps, adjust_lr_fn=adjust_lr_fn,
-                        normalize_weights=normalize_weights)
+                        normalize_weights=normalize_weights, ns_dtype=ns_dtype)
         torch.optim.Optimizer.__init__(self, params, defaults)   # Muon's own check allows 2-D only
         for group in self.param_groups:
             for p in group["params"]:
@@ -66,12 +125,27 @@ class ConvMuon(torch.optim.Muon):
 
     @torch.no_grad()
     def step(self, closure=None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
         for group in self.param_groups:
             if group.get("normalize_weights"):
                 for p in group["params"]:
                     if p.grad is not None:
                         p.mul_(p.shape[0] ** 0.5 / p.norm().clamp_min(group["eps"]))
-        return super().step(closure)
+            params, grads, bufs = [], [], []
+            self._init_group(group, params, grads, bufs)
+            lr, wd, mom = float(group["lr"]), group["weight_decay"], group["momentum"]
+            for p, g, buf in zip(params, grads, bufs):
+                # the same update as torch.optim.Muon, with the iteration in the chosen dtype
+                buf.lerp_(g, 1 - mom)
+                update = g.lerp(buf, mom) if group["nesterov"] else buf
+                update = newton_schulz(update, group["ns_coefficients"], group["ns_steps"], group["eps"],
+                                       ns_dtype_for(group.get("ns_dtype", "auto"), p.device))
+                p.mul_(1 - lr * wd)
+                p.add_(update, alpha=-lr * _lr_ratio(group["adjust_lr_fn"], *p.shape))
+        return loss
 
     def _init_group(self, group, params_with_grad, grads, muon_momentum_bufs):
         for p in group["params"]:
@@ -92,14 +166,16 @@ class ConvMuon(torch.optim.Muon):
 
 def muon_for(params: list[torch.Tensor], lr: float = 0.02, momentum: float = 0.95, weight_decay: float = 0.0,
              adjust_lr_fn: str | None = None, ns_steps: int = 5, normalize_weights: bool = False,
-             nesterov: bool = True) -> torch.optim.Optimizer:
-    """torch.optim.Muon when every parameter is a matrix (and no normalisation is asked), else ConvMuon."""
+             nesterov: bool = True, ns_dtype: str = "auto") -> torch.optim.Optimizer:
+    """torch.optim.Muon when every parameter is a matrix, no normalisation is asked and the
+    iteration runs in bf16; ConvMuon otherwise."""
     kw = dict(lr=lr, momentum=momentum, weight_decay=weight_decay, adjust_lr_fn=adjust_lr_fn, ns_steps=ns_steps,
               nesterov=nesterov)
-    if all(p.ndim == 2 for p in params) and not normalize_weights:
+    bf16 = all(ns_dtype_for(ns_dtype, p.device) == torch.bfloat16 for p in params)
+    if all(p.ndim == 2 for p in params) and not normalize_weights and bf16:
         opt = torch.optim.Muon(params, **kw)
     else:
-        opt = ConvMuon(params, normalize_weights=normalize_weights, **kw)
+        opt = ConvMuon(params, normalize_weights=normalize_weights, ns_dtype=ns_dtype, **kw)
     opt.param_groups[0]["name"] = "muon"
     return opt
 
@@ -108,12 +184,13 @@ def muon_optimizers(model: torch.nn.Module, muon_lr: float = 0.02, muon_momentum
                     muon_weight_decay: float = 0.0, adam_lr: float = 3e-3, adam_betas=(0.9, 0.95),
                     adam_weight_decay: float = 0.0, exclude: tuple[str, ...] = DEFAULT_EXCLUDE,
                     adjust_lr_fn: str | None = None, fused: bool | None = None,
-                    ns_steps: int = 5, normalize_weights: bool = False) -> list[torch.optim.Optimizer]:
+                    ns_steps: int = 5, normalize_weights: bool = False,
+                    ns_dtype: str = "auto") -> list[torch.optim.Optimizer]:
     hidden, other = split_for_muon(model, exclude)
     opts = []
     if hidden:
         opts.append(muon_for([p for _, p in hidden], muon_lr, muon_momentum, muon_weight_decay, adjust_lr_fn,
-                             ns_steps, normalize_weights))
+                             ns_steps, normalize_weights, ns_dtype=ns_dtype))
     if other:
         dev = other[0][1].device.type
         opts.append(torch.optim.AdamW([p for _, p in other], lr=adam_lr, betas=tuple(adam_betas),
