@@ -42,8 +42,8 @@ def child(steps: int, batch: int) -> None:
     import torch.nn.functional as F
 
     from hasten.models import SpeedrunNet
-    from hasten.utils import BF16_CPU_FLAGS, cpu_flags
-    bf16 = bool(cpu_flags() & BF16_CPU_FLAGS)
+    from hasten.utils import cpu_has_bf16
+    bf16 = cpu_has_bf16()
     torch.manual_seed(0)
     model = SpeedrunNet(widths=(64, 256, 256)).to(memory_format=torch.channels_last)
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9, nesterov=True)

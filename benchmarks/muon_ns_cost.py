@@ -20,7 +20,7 @@ import torch
 from common import write_results
 from hasten.models import GPT, GPTConfig, SpeedrunNet
 from hasten.optim import ConvMuon, newton_schulz, split_for_muon
-from hasten.utils import BF16_CPU_FLAGS, cpu_flags
+from hasten.utils import cpu_has_bf16
 
 MODELS = {  # name: (model, Newton-Schulz steps, normalize) as the recipes use them
     "speedrun net (cifar10-fast)": (lambda: SpeedrunNet(widths=(64, 256, 256)), 3, True),
@@ -50,7 +50,7 @@ def main():
     ap.add_argument("--steps", type=int, default=3, help="optimizer steps per precision per round")
     ap.add_argument("--name", default="muon_ns_cost", help="results file name (one per machine you keep)")
     args = ap.parse_args()
-    bf16_hw = bool(cpu_flags() & BF16_CPU_FLAGS)
+    bf16_hw = cpu_has_bf16()
     results, lines = {"bf16_hardware": bf16_hw, "models": {}}, [
         "# Muon's Newton-Schulz iteration: bf16 against fp32", "",
         f"Seconds per optimizer step over the model's Muon parameters, median of {args.rounds} interleaved "

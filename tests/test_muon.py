@@ -64,7 +64,7 @@ def test_fp32_iteration_orthogonalises_and_differs_from_torch_only_by_bf16_round
     assert rel(fp32, exact) < 1e-5 < rel(ref, exact)
     # momentum, Nesterov, weight decay and the lr rule as torch's, over several steps
     kw = dict(lr=0.05, weight_decay=0.1, momentum=0.9, nesterov=True, ns_steps=5, adjust_lr_fn="match_rms_adamw")
-    a, b = nn.Parameter(torch.randn(24, 40)), None
+    a = nn.Parameter(torch.randn(24, 40))
     b = nn.Parameter(a.detach().clone())
     oa, ob = torch.optim.Muon([a], **kw), ConvMuon([b], ns_dtype="fp32", **kw)
     for _ in range(4):

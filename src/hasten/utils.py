@@ -52,6 +52,12 @@ def cpu_flags() -> frozenset:
 BF16_CPU_FLAGS = frozenset({"avx512_bf16", "amx_bf16"})
 
 
+def cpu_has_bf16(flags: frozenset | None = None) -> bool:
+    """Whether the CPU computes bf16 in hardware (AVX512-BF16 or AMX); others emulate it,
+    several times slower than fp32. `flags` stands in for this CPU's, for tests."""
+    return bool((cpu_flags() if flags is None else flags) & BF16_CPU_FLAGS)
+
+
 def resolve_precision(precision: str, device: torch.device, flags: frozenset | None = None) -> str:
     """'auto' becomes the fastest precision the device runs natively: bf16-mixed on CUDA GPUs
     with bf16 (fp16-mixed on older ones) and on CPUs with AVX512-BF16 or AMX, fp32 elsewhere.
@@ -61,7 +67,7 @@ def resolve_precision(precision: str, device: torch.device, flags: frozenset | N
         return precision
     if device.type == "cuda":
         return "bf16-mixed" if torch.cuda.is_bf16_supported() else "fp16-mixed"
-    if device.type == "cpu" and (cpu_flags() if flags is None else flags) & BF16_CPU_FLAGS:
+    if device.type == "cpu" and cpu_has_bf16(flags):
         return "bf16-mixed"
     return "fp32"
 

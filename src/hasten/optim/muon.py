@@ -25,7 +25,7 @@ import math
 
 import torch
 
-from ..utils import BF16_CPU_FLAGS, cpu_flags
+from ..utils import cpu_has_bf16
 
 NS_DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 DEFAULT_EXCLUDE = ("*wte*", "*wpe*", "*embed*", "*lm_head*", "*head*", "fc.*", "*.fc.weight")
@@ -49,8 +49,7 @@ def ns_dtype_for(setting: str, device: torch.device, flags: frozenset | None = N
     """The dtype of the Newton-Schulz iteration: 'bf16', 'fp32', or 'auto' (bf16 on CUDA and
     on CPUs with AVX512-BF16 or AMX, fp32 elsewhere, where bf16 matmuls are emulated)."""
     if setting == "auto":
-        fast_bf16 = device.type == "cuda" or (
-            device.type == "cpu" and bool((cpu_flags() if flags is None else flags) & BF16_CPU_FLAGS))
+        fast_bf16 = device.type == "cuda" or (device.type == "cpu" and cpu_has_bf16(flags))
         return torch.bfloat16 if fast_bf16 else torch.float32
     if setting not in NS_DTYPES:
         raise ValueError(f"ns_dtype must be 'auto', 'bf16' or 'fp32', got {setting!r}")
@@ -111,9 +110,9 @@ class ConvMuon(torch.optim.Muon):
                  nesterov: bool = True, ns_coefficients=(3.4445, -4.775, 2.0315), eps: float = 1e-7,
                  ns_steps: int = 5, adjust_lr_fn: str | None = None, normalize_weights: bool = False,
                  ns_dtype: str = "auto"):
-        if ns_dtype != "auto" and ns_dtype not in NS_DTYPES:
-            raise ValueError(f"ns_dtype must be 'auto', 'bf16' or 'fp32', got {ns_dtype!r}")
-        _lr_ratio(adjust_lr_fn, 1, 1)   # rejects an unknown rule now rather than at the first step
+        # reject an unknown setting or rule now rather than at the first step
+        ns_dtype_for(ns_dtype, torch.device("cpu"), frozenset())
+        _lr_ratio(adjust_lr_fn, 1, 1)
         defaults = dict(lr=lr, weight_decay=weight_decay, momentum=momentum, nesterov=nesterov,
                         ns_coefficients=ns_coefficients, eps=eps, ns_steps=ns_steps, adjust_lr_fn=adjust_lr_fn,
                         normalize_weights=normalize_weights, ns_dtype=ns_dtype)
