@@ -44,7 +44,7 @@ def test_target_parsing():
         Target.parse("val/acc>0.9")
 
 
-def _run(label, seed, evals, warmup=0.5, final=True, status="ok"):
+def _run(label, seed, evals, warmup=0.5, final=True, status="finished"):
     ev = [{"kind": "eval", "train_s": t, "batch": i, "sample": 100 * (i + 1), "token": 0, "eval_s": 0.1,
            "metrics": {"val/acc": m}} for i, (t, m) in enumerate(evals)]
     fin = {"kind": "final", "metrics": {"val/acc": evals[-1][1]}, "train_s": evals[-1][0], "warmup_s": warmup,

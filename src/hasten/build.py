@@ -3,21 +3,23 @@ algorithms, callbacks, loggers and a run folder. Nothing here is task-specific."
 from __future__ import annotations
 
 import datetime as _dt
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-import yaml
 
 from .algorithms import REGISTRY
 from .allocator import configure_host_allocator
 from .callbacks import LRMonitor, ProgressBar, SpeedMonitor
-from .config import OptimizerConfig, Recipe, to_dict
+from .callbacks.checkpoint import Checkpoint
+from .config import OptimizerConfig, Recipe
+from .errors import ConfigError
+from .files import FolderLock, ensure_writable_dir
 from .loggers import ConsoleLogger, JSONLLogger
 from .optim import LRSchedule, apply_lr_multipliers, param_groups
 from .optim.muon import muon_for, muon_optimizers, split_for_muon
 from .optim.sgdw import SGDW, decoupled_hparams
+from .runs import check_run_folder, write_run_folder
 from .tasks import TASKS
 from .tasks.base import Built
 from .trainer import Trainer
@@ -76,21 +78,56 @@ class Run:
     trainer: Trainer
     built: Built
     run_dir: Path
+    lock: FolderLock | None = None   # held while this process writes the run folder
+
+    def close(self) -> None:
+        self.trainer.close()
+        if self.lock is not None:
+            self.lock.release()
 
 
-def build_run(recipe: Recipe, progress_bar: bool | None = None, console_logger: bool = True) -> Run:
+def build_algorithms(recipe: Recipe) -> list:
+    """The recipe's algorithms; their arguments' values are checked here, before any data is loaded."""
+    out = []
+    for name, params in recipe.algorithms.items():
+        try:
+            out.append(REGISTRY[name](**params))
+        except (TypeError, ValueError) as e:
+            raise ConfigError(f"algorithms.{name}: {e}") from e
+    return out
+
+
+def build_run(recipe: Recipe, progress_bar: bool | None = None, console_logger: bool = True,
+              force: bool = False) -> Run:
+    """Everything for `recipe`, in this order: runtime settings, the algorithms (their
+    arguments checked), the run folder (writable, locked, new or this run resumed), then
+    data and model, then the Trainer. `force`: resume even if the recipe changes the run."""
     t = recipe.trainer
+    if t.autoresume and not t.run_dir:
+        raise ConfigError("trainer.autoresume=true needs trainer.run_dir, the run folder to continue "
+                          "(or use `hasten train --resume RUN_DIR`)")
     if t.threads:
         torch.set_num_threads(t.threads)
     device = resolve_device(t.device)
     configure_host_allocator(t.host_allocator, device.type)   # before the data is loaded
-    torch.manual_seed(t.seed)  # model initialisation is part of the seeded run
-    built = TASKS[recipe.task].build(recipe)
+    algorithms = build_algorithms(recipe)
     run_dir = Path(t.run_dir) if t.run_dir else default_run_dir(recipe)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    with open(run_dir / "recipe.yaml", "w") as f:
-        yaml.safe_dump(to_dict(recipe), f, sort_keys=False)
+    lock = FolderLock(ensure_writable_dir(run_dir, "run folder"), "run folder").acquire()
+    try:
+        changes = check_run_folder(recipe, run_dir, force)
+        torch.manual_seed(t.seed)  # model initialisation is part of the seeded run
+        built = TASKS[recipe.task].build(recipe)
+        trainer = _trainer(recipe, built, algorithms, run_dir, device, progress_bar, console_logger)
+        write_run_folder(recipe, run_dir, changes, force)
+    except BaseException:
+        lock.release()
+        raise
+    return Run(recipe=recipe, trainer=trainer, built=built, run_dir=run_dir, lock=lock)
 
+
+def _trainer(recipe: Recipe, built: Built, algorithms: list, run_dir: Path, device, progress_bar,
+             console_logger: bool) -> Trainer:
+    t = recipe.trainer
     loggers = [JSONLLogger(run_dir / "metrics.jsonl")]
     if console_logger:
         loggers.append(ConsoleLogger())
@@ -103,22 +140,24 @@ def build_run(recipe: Recipe, progress_bar: bool | None = None, console_logger: 
     callbacks = [SpeedMonitor(flops_per_sample=built.flops_per_sample), LRMonitor()]
     if progress_bar if progress_bar is not None else t.progress_bar:
         callbacks.insert(0, ProgressBar())
-    algorithms = [REGISTRY[name](**params) for name, params in recipe.algorithms.items()]
+    if t.checkpoints:
+        callbacks.append(Checkpoint(str(run_dir / "checkpoints"), interval=t.save_interval or t.eval_interval,
+                                    keep_last=t.keep_last))
     s = recipe.schedule
     schedule = LRSchedule(s.name, warmup=s.warmup, warmdown=s.warmdown, min_factor=s.min_factor,
                           start_factor=s.start_factor)
-    trainer = Trainer(
-        model=built.model, train_dataloader=built.train_dataloader, eval_dataloader=built.eval_dataloader,
-        optimizers=lambda model: build_optimizer(recipe.optimizer, model, device,
-                                                 getattr(recipe.data, "batch_size", None)),
-        schedulers=[schedule],
-        loss_fn=built.loss_fn, max_duration=t.max_duration, eval_interval=t.eval_interval,
-        log_interval=t.log_interval, metrics=built.metrics, algorithms=algorithms, callbacks=callbacks,
-        loggers=loggers, precision=t.precision, device=device, compile=t.compile, grad_accum=t.grad_accum,
-        grad_clip_norm=t.grad_clip_norm, seed=t.seed,
-        save_folder=str(run_dir / "checkpoints") if t.checkpoints else None,
-        save_interval=t.save_interval or t.eval_interval, load_path=t.load_path, autoresume=t.autoresume,
-        host_allocator=t.host_allocator)
-    if t.checkpoints:
-        trainer.state.callbacks[-1].keep_last = t.keep_last
-    return Run(recipe=recipe, trainer=trainer, built=built, run_dir=run_dir)
+    try:
+        return Trainer(
+            model=built.model, train_dataloader=built.train_dataloader, eval_dataloader=built.eval_dataloader,
+            optimizers=lambda model: build_optimizer(recipe.optimizer, model, device,
+                                                     getattr(recipe.data, "batch_size", None)),
+            schedulers=[schedule],
+            loss_fn=built.loss_fn, max_duration=t.max_duration, eval_interval=t.eval_interval,
+            log_interval=t.log_interval, metrics=built.metrics, algorithms=algorithms, callbacks=callbacks,
+            loggers=loggers, precision=t.precision, device=device, compile=t.compile, grad_accum=t.grad_accum,
+            grad_clip_norm=t.grad_clip_norm, seed=t.seed, load_path=t.load_path, autoresume=t.autoresume,
+            host_allocator=t.host_allocator)
+    except ValueError as e:
+        if isinstance(e, ConfigError):
+            raise
+        raise ConfigError(str(e)) from e

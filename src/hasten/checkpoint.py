@@ -15,7 +15,6 @@ import json
 import os
 import random
 import re
-import tempfile
 import warnings
 from pathlib import Path
 
@@ -23,37 +22,26 @@ import numpy as np
 import torch
 
 from . import __version__
+from .errors import CheckpointError
+from .files import atomic_write, os_error_message
 
 FORMAT = 1
 _NAME = re.compile(r"^ep(\d+)-ba(\d+)\.pt$")
 
 
-class CheckpointError(RuntimeError):
-    pass
-
-
 class CheckpointIO:
-    """Writes and reads one checkpoint file. Writes are atomic: temporary file, fsync, rename."""
+    """Writes and reads one checkpoint file. Writes are atomic: temporary file, fsync, rename;
+    a failed write (disk full, a signal) leaves the previous file as it was."""
+
+    suffix = ".pt"   # what this IO writes: a file NAME.pt (a sharded IO writes a folder)
 
     def save(self, payload: dict, path: "str | os.PathLike") -> None:
         path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
         try:
-            with os.fdopen(fd, "wb") as f:
-                torch.save(payload, f)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-            dir_fd = os.open(path.parent, os.O_RDONLY)
-            try:
-                os.fsync(dir_fd)
-            finally:
-                os.close(dir_fd)
-        except BaseException:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-            raise
+            path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise CheckpointError(os_error_message(e, path.parent, "creating the checkpoint folder")) from e
+        atomic_write(path, lambda f: torch.save(payload, f), error=CheckpointError)
 
     def load(self, path: "str | os.PathLike") -> dict:
         path = Path(path)
@@ -118,7 +106,8 @@ def capture(state, extra_meta: dict | None = None) -> dict:
     _check_finite_weights(state.model)
     rng_tensors, rng_meta = _rng_state()
     meta = {"hasten_version": __version__, "timestamp": state.timestamp.state_dict(),
-            "rng": rng_meta, "last_checkpoint": state.last_checkpoint}
+            "rng": rng_meta, "last_checkpoint": state.last_checkpoint,
+            "optimizers": [type(o).__name__ for o in state.optimizers]}
     if extra_meta:
         meta.update(extra_meta)
     return {
@@ -134,12 +123,12 @@ def capture(state, extra_meta: dict | None = None) -> dict:
     }
 
 
-def save(state, path: "str | os.PathLike", io: CheckpointIO) -> str:
+def save(state, path: "str | os.PathLike", io: CheckpointIO, extra_meta: dict | None = None) -> str:
     """Write a checkpoint of `state` to `path` and record it as the last good one. Raises
     NonFiniteLossError first if a loss since the last check was NaN/Inf: bad weights are
     never saved."""
     state.read_train_loss(reset=False)
-    io.save(capture(state), path)
+    io.save(capture(state, extra_meta), path)
     state.last_checkpoint = str(path)
     return str(path)
 
@@ -154,8 +143,17 @@ def restore(state, payload: dict, strict: bool = True) -> dict:
     if len(payload["optimizers"]) != len(state.optimizers):
         raise CheckpointError(f"the checkpoint has {len(payload['optimizers'])} optimizers, "
                               f"this trainer {len(state.optimizers)}")
-    for opt, sd in zip(state.optimizers, payload["optimizers"]):
-        opt.load_state_dict(sd)
+    saved_types = meta.get("optimizers")   # absent in checkpoints written before hasten recorded them
+    for i, (opt, sd) in enumerate(zip(state.optimizers, payload["optimizers"])):
+        mine = type(opt).__name__
+        if saved_types is not None and saved_types[i] != mine:
+            raise CheckpointError(f"the checkpoint's optimizer {i} is {saved_types[i]}, this run's is {mine}: "
+                                  "its state cannot be loaded; use the optimizer the checkpoint was trained with")
+        try:
+            opt.load_state_dict(sd)
+        except (ValueError, KeyError, RuntimeError) as e:
+            raise CheckpointError(f"the checkpoint's state for optimizer {i} ({saved_types[i] if saved_types else '?'}) "
+                                  f"does not fit this run's {mine}: {e}") from e
     for sch, sd in zip(state.schedulers, payload["schedulers"]):
         if hasattr(sch, "load_state_dict") and sd:
             sch.load_state_dict(sd)

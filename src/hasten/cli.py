@@ -6,6 +6,8 @@ import os
 import sys
 import time
 
+from .errors import ConfigError, HastenError
+
 DEFAULT_RECIPE = "shakespeare-char-baseline"
 
 
@@ -23,37 +25,45 @@ def _cmd_train(args) -> int:
 
     from .build import build_run
     from .config import load_recipe
-    from .core import NonFiniteLossError
 
     console = Console(highlight=False, soft_wrap=True)
-    recipe = load_recipe(args.recipe, args.overrides)
+    if args.resume:
+        from .runs import resume_recipe
+        if args.recipe_given:
+            raise ConfigError(f"--resume continues the run stored in {args.resume}: give no recipe "
+                              f"({args.recipe!r}), only overrides such as trainer.max_duration=...")
+        recipe = resume_recipe(args.resume, args.overrides, force=args.force)
+    else:
+        recipe = load_recipe(args.recipe, args.overrides)
     if args.print_config:
         import yaml
 
         from .config import to_dict
         print(yaml.safe_dump(to_dict(recipe), sort_keys=False), end="")
         return 0
-    run = build_run(recipe, progress_bar=False if args.no_progress else None)
+    run = build_run(recipe, progress_bar=False if args.no_progress else None, force=args.force)
     state = run.trainer.state
     params = run.built.info.get("params")
     console.print(f"hasten {__import__('hasten').__version__}: recipe [bold]{recipe.name}[/] on {state.device} "
                   f"({state.precision}" + (", chosen by precision=auto" if recipe.trainer.precision == "auto" else "")
                   + f"), {params:,} parameters, max_duration {state.max_duration}"
-                  + (f", resuming at batch {state.timestamp.batch}" if state.timestamp.batch else ""))
+                  + (f", resuming at batch {state.timestamp.batch} from {state.resumed_from['path']}"
+                     if state.resumed_from else ""))
+    if recipe.trainer.autoresume and not state.resumed_from:
+        console.print(f"autoresume: no checkpoint in {run.run_dir} yet; starting the run from the beginning")
     console.print(f"run folder: {run.run_dir}")
     t0 = time.perf_counter()
     try:
         run.trainer.fit()
-    except NonFiniteLossError as e:
-        console.print(f"[red]error:[/] {e}")
-        return 1
     finally:
-        run.trainer.close()
+        run.close()
     wall = time.perf_counter() - t0
-    if state.stop_reason == "sigterm":
-        console.print(f"stopped by SIGTERM after batch {state.timestamp.batch}; checkpoint: {state.last_checkpoint}. "
-                      f"Resume with: hasten train {args.recipe} trainer.run_dir={run.run_dir} trainer.autoresume=true")
-        return 0
+    if state.stop_reason in ("sigterm", "sigint"):
+        what = "Ctrl-C" if state.stop_reason == "sigint" else "SIGTERM"
+        saved = f"checkpoint: {state.last_checkpoint}" if state.last_checkpoint else "no checkpoint was written"
+        console.print(f"stopped by {what} after batch {state.timestamp.batch}; {saved}. "
+                      f"Resume with: hasten train --resume {run.run_dir}")
+        return 130 if state.stop_reason == "sigint" else 0
     metrics = "  ".join(f"{k}={v:.4f}" for k, v in state.eval_metrics.items())
     console.print(f"done in {wall:.1f} s ({state.timestamp.batch} batches, {state.timestamp.train_seconds:.1f} s training)"
                   + (f"; stopped early: {state.stop_reason}" if state.stop_reason else ""))
@@ -64,68 +74,130 @@ def _cmd_train(args) -> int:
     return 0
 
 
+def _check_bench_input(args, specs: list) -> None:
+    """Everything `hasten bench` can check before its first run: the target, the counts,
+    the evaluation cadence, and every recipe with its overrides (loaded and validated here,
+    algorithms' arguments included)."""
+    from .bench.target import Target
+    from .build import build_algorithms
+    from .config import check_time, load_recipe
+    Target.parse(args.target)
+    if args.seeds < 1:
+        raise ConfigError(f"--seeds {args.seeds}: give at least 1 run per recipe")
+    if args.cap is not None and not args.cap > 0:
+        raise ConfigError(f"--cap {args.cap}: give a positive number of seconds")
+    if args.eval_every:
+        check_time(args.eval_every, "--eval-every")
+    for spec in specs:
+        try:
+            build_algorithms(load_recipe(spec.recipe, spec.overrides))
+        except ConfigError as e:
+            raise ConfigError(f"recipe {spec.label}: {e}") from None
+
+
 def _cmd_bench(args) -> int:
     import shlex
+    import signal
     from pathlib import Path
 
     from rich.console import Console
 
     from .bench.report import write_report
-    from .bench.runner import Spec, run_comparison, unique_labels
+    from .bench.runner import BenchInterrupted, Spec, run_comparison, unique_labels
     from .bench.target import Target
 
     console = Console(stderr=True, highlight=False, soft_wrap=True)
     specs_text = [a for a in args.items if "=" not in a.split("+", 1)[0]]
     shared = [a for a in args.items if a not in specs_text]
     if not specs_text:
-        raise SystemExit("hasten bench: give at least one recipe")
-    target = Target.parse(args.target)
+        raise ConfigError("hasten bench: give at least one recipe")
     # the harness's evaluation cadence wins over recipes and ladder steps alike
     last = [f"trainer.eval_interval={args.eval_every}"] if args.eval_every else []
     seeds = [args.seed0 + i for i in range(args.seeds)]
     command = "hasten bench " + " ".join(shlex.quote(a) for a in args.argv)
     if args.ladder:
-        from .bench.ladder import ladder_markdown, ladder_plot, ladder_specs
+        from .bench.ladder import ladder_specs
         steps = ladder_specs(specs_text[0], args.ladder, args.order.split(",") if args.order else None, shared, last)
-        ends = [Path(Spec.parse(t).recipe).stem for t in (specs_text[0], args.ladder)]
-        out_dir = Path(args.out) / (args.name or f"ladder-{ends[0]}-to-{ends[1]}")
-        console.print(f"ladder: {len(steps)} rows ({', '.join(n for n, _ in steps)}), {len(seeds)} seed(s) each, "
-                      f"cap {args.cap or 'none'} s per run; results in {out_dir}")
-        runs = run_comparison([s for _, s in steps], seeds, out_dir, args.cap, console)
-        from .bench.report import resolve_target
-        tgt = resolve_target(target, runs, "baseline")
-        md, rows = ladder_markdown(runs, steps, tgt, f"Ladder: {specs_text[0]} to {args.ladder}", command)
-        png = ladder_plot(rows, out_dir / "ladder.png")
-        if png:
-            md += f"\n![time to target per step]({png.name})\n"
-        (out_dir / "ladder.md").write_text(md)
-        import json
-        (out_dir / "ladder.json").write_text(json.dumps({"command": command, "target": str(tgt), "rows": rows}, indent=2))
-        print(md)
-        return 0
-    specs = unique_labels([Spec.parse(t, shared, last) for t in specs_text])
-    out_dir = Path(args.out) / (args.name or "-vs-".join(Path(s.recipe).stem for s in specs))
-    console.print(f"bench: {len(specs)} recipe(s) x {len(seeds)} seed(s), interleaved; target {target}; "
-                  f"results in {out_dir}")
-    runs = run_comparison(specs, seeds, out_dir, args.cap, console)
-    write_report(runs, [s.label for s in specs], target, out_dir, args.title or "hasten bench", command)
-    print((out_dir / "report.md").read_text())
-    console.print(f"report: {out_dir / 'report.md'} (JSON: report.json, plot: report.png, runs: runs.jsonl)")
+        specs = [s for _, s in steps]
+    else:
+        specs = unique_labels([Spec.parse(t, shared, last) for t in specs_text])
+    _check_bench_input(args, specs)
+    target = Target.parse(args.target)
+    got = {}
+
+    def on_term(signum, frame):   # SIGTERM stops the bench as Ctrl-C does
+        got["signal"] = signum
+        raise KeyboardInterrupt
+
+    old_term = signal.signal(signal.SIGTERM, on_term)
+    try:
+        if args.ladder:
+            runs, out_dir = _bench_ladder(args, steps, specs_text, target, seeds, command, console)
+        else:
+            out_dir = Path(args.out) / (args.name or "-vs-".join(Path(s.recipe).stem for s in specs))
+            console.print(f"bench: {len(specs)} recipe(s) x {len(seeds)} seed(s), interleaved; target {target}; "
+                          f"results in {out_dir}")
+            runs = run_comparison(specs, seeds, out_dir, args.cap, console)
+            write_report(runs, [s.label for s in specs], target, out_dir, args.title or "hasten bench", command)
+            print((out_dir / "report.md").read_text())
+            console.print(f"report: {out_dir / 'report.md'} (JSON: report.json, plot: report.png, runs: runs.jsonl)")
+    except (BenchInterrupted, KeyboardInterrupt) as e:
+        signum = got.get("signal", signal.SIGINT)
+        done = f" after {e.done} of {e.total} runs" if isinstance(e, BenchInterrupted) else ""
+        console.print(f"hasten bench: interrupted{done}; the stopped run is not counted. "
+                      f"Continue with the same command: {command}")
+        return 128 + signum
+    finally:
+        signal.signal(signal.SIGTERM, old_term)
+    from .bench.runner import outcome
+    from .bench.report import latest_per_run
+    failed = [r for r in latest_per_run(runs) if outcome(r) == "failed"]
+    if failed:
+        console.print(f"[red]{len(failed)} run(s) failed[/] (listed in the report); rerun the same command to retry them")
+        return 1
     return 0
+
+
+def _bench_ladder(args, steps, specs_text, target, seeds, command, console):
+    import json
+    from pathlib import Path
+
+    from .bench.ladder import ladder_markdown, ladder_plot
+    from .bench.report import resolve_target
+    from .bench.runner import Spec, run_comparison
+    ends = [Path(Spec.parse(t).recipe).stem for t in (specs_text[0], args.ladder)]
+    out_dir = Path(args.out) / (args.name or f"ladder-{ends[0]}-to-{ends[1]}")
+    console.print(f"ladder: {len(steps)} rows ({', '.join(n for n, _ in steps)}), {len(seeds)} seed(s) each, "
+                  f"cap {args.cap or 'none'} s per run; results in {out_dir}")
+    runs = run_comparison([s for _, s in steps], seeds, out_dir, args.cap, console)
+    tgt = resolve_target(target, runs, "baseline")
+    md, rows = ladder_markdown(runs, steps, tgt, f"Ladder: {specs_text[0]} to {args.ladder}", command)
+    png = ladder_plot(rows, out_dir / "ladder.png")
+    if png:
+        md += f"\n![time to target per step]({png.name})\n"
+    (out_dir / "ladder.md").write_text(md)
+    (out_dir / "ladder.json").write_text(json.dumps({"command": command, "target": str(tgt), "rows": rows}, indent=2))
+    print(md)
+    return runs, out_dir
 
 
 def make_parser() -> argparse.ArgumentParser:
     from . import __version__
     p = argparse.ArgumentParser(prog="hasten", description="Fast PyTorch training with measured speedups.")
     p.add_argument("--version", action="version", version=f"hasten {__version__}")
+    p.add_argument("--debug", action="store_true", help="show the full traceback of an error "
+                   "(also: HASTEN_DEBUG=1)")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
     t = sub.add_parser("train", help="train a recipe", description="Train a packaged recipe or a YAML file. "
                        "Overrides are key.sub=value, e.g. trainer.max_duration=200ba optimizer.lr=3e-4.")
-    t.add_argument("recipe", nargs="?", default=DEFAULT_RECIPE,
+    t.add_argument("recipe", nargs="?", default=None,
                    help=f"recipe name (see 'hasten recipes') or YAML path; default {DEFAULT_RECIPE}")
     t.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="config overrides")
     t.add_argument("--no-progress", action="store_true", help="no progress bar")
     t.add_argument("--print-config", action="store_true", help="print the resolved recipe and exit")
+    t.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR with its stored recipe "
+                   "(overrides that change the run's mathematics are refused without --force)")
+    t.add_argument("--force", action="store_true", help="with --resume: allow overrides that change the run")
     t.set_defaults(func=_cmd_train)
     b = sub.add_parser("bench", help="compare recipes: time to a target, many seeds, honest statistics",
                        description="Run each recipe for several seeds, each run in its own process, seeds paired "
@@ -164,20 +236,31 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2
     # a recipe name that looks like an override means the default recipe was meant
-    if getattr(args, "recipe", None) and "=" in args.recipe:
-        args.overrides = [args.recipe] + args.overrides
-        args.recipe = DEFAULT_RECIPE
-    from .config import ConfigError
-    from .data.download import DatasetNotFoundError
-    from .checkpoint import CheckpointError
+    if args.command == "train":
+        args.recipe_given = args.recipe is not None and "=" not in args.recipe
+        if args.recipe is not None and "=" in args.recipe:
+            args.overrides = [args.recipe] + args.overrides
+            args.recipe = None
+        args.recipe = args.recipe or DEFAULT_RECIPE
+    debug = args.debug or os.environ.get("HASTEN_DEBUG", "") not in ("", "0")
     try:
         return args.func(args)
-    except (ConfigError, DatasetNotFoundError, CheckpointError, FileNotFoundError) as e:
+    except HastenError as e:
+        if debug:
+            raise
         print(f"hasten: error: {e}", file=sys.stderr)
         return 2 if isinstance(e, ConfigError) else 1
     except KeyboardInterrupt:
+        if debug:
+            raise
         print("hasten: interrupted", file=sys.stderr)
         return 130
+    except Exception as e:   # not a user mistake we know of: still one line, the traceback on request
+        if debug:
+            raise
+        print(f"hasten: error: {type(e).__name__}: {e} (run again with --debug for the traceback; "
+              "if it looks like a bug in hasten, please report it with that traceback)", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

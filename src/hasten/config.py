@@ -22,12 +22,10 @@ from typing import Any, Literal, Optional, Union
 import yaml
 
 from .core.time import Time
+from .errors import ConfigError
 
 
-class ConfigError(ValueError):
-    pass
-
-
+RECIPE_SCHEMA_VERSION = 1   # recipe.yaml files in run folders record it; raise it when keys are renamed
 _NUMBER = re.compile(r"^[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)$")
 
 
@@ -284,7 +282,10 @@ def available_recipes() -> dict[str, str]:
 def _read_raw(name_or_path: str, seen: tuple = ()) -> tuple[dict, str]:
     p = Path(name_or_path)
     if p.suffix in (".yaml", ".yml") and p.is_file():
-        text, name = p.read_text(), p.stem
+        try:
+            text, name = p.read_text(), p.stem
+        except (OSError, UnicodeDecodeError) as e:
+            raise ConfigError(f"cannot read recipe {name_or_path}: {e}") from e
     else:
         entry = recipe_dir().joinpath(f"{name_or_path}.yaml")
         if not entry.is_file():
@@ -298,14 +299,31 @@ def _read_raw(name_or_path: str, seen: tuple = ()) -> tuple[dict, str]:
         raise ConfigError(f"recipe {name_or_path}: invalid YAML: {e}") from e
     if not isinstance(raw, dict):
         raise ConfigError(f"recipe {name_or_path}: the top level must be a mapping")
+    raw = _migrate(raw, name_or_path)
     base = raw.pop("base", None)
-    if base:
+    if base is not None:
+        if not isinstance(base, str) or not base:
+            raise ConfigError(f"recipe {name_or_path}: base: {base!r} must name a recipe or a YAML file")
+        # a relative YAML path in 'base' is read from the folder of the file that names it
+        if base.endswith((".yaml", ".yml")) and not Path(base).is_absolute() and p.suffix in (".yaml", ".yml"):
+            base = str(p.parent / base)
         if base in seen:
             raise ConfigError(f"recipe {name_or_path}: 'base' chain loops through {base}")
         base_raw, _ = _read_raw(base, seen + (name_or_path,))
         base_raw.pop("description", None)
         raw = _deep_merge(base_raw, raw)
     return raw, name
+
+
+def _migrate(raw: dict, where: str) -> dict:
+    """Bring a recipe written by an older hasten to the current keys (none renamed yet)."""
+    version = raw.pop("schema_version", RECIPE_SCHEMA_VERSION)
+    if not isinstance(version, int) or version < 1:
+        raise ConfigError(f"recipe {where}: schema_version {version!r} must be a whole number >= 1")
+    if version > RECIPE_SCHEMA_VERSION:
+        raise ConfigError(f"recipe {where} was written by a newer hasten (schema_version {version}, this one reads "
+                          f"up to {RECIPE_SCHEMA_VERSION}); upgrade hasten to read it")
+    return raw
 
 
 def load_recipe(name_or_path: str, overrides: list[str] = ()) -> Recipe:

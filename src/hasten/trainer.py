@@ -9,6 +9,7 @@ import contextlib
 import math
 import os
 import signal
+import sys
 import threading
 import time
 import warnings
@@ -103,8 +104,6 @@ class Trainer:
             raise ValueError(f"precision={precision!r}: use one of {PRECISIONS}")
         if not isinstance(grad_accum, int) or grad_accum < 1:
             raise ValueError(f"grad_accum must be a whole number >= 1, got {grad_accum!r}")
-        if autoresume and not save_folder:
-            raise ValueError("autoresume=True needs save_folder: that is where it looks for checkpoints")
         seed_everything(seed)
         self.device = resolve_device(device)
         precision = resolve_precision(precision, self.device)
@@ -117,13 +116,19 @@ class Trainer:
         self.metrics = dict(metrics or {})
         self.eval_dataloader = eval_dataloader
         callbacks = list(callbacks)
+        from .callbacks.checkpoint import Checkpoint
+        existing = [c for c in callbacks if isinstance(c, Checkpoint)]
         if save_folder is not None:
-            from .callbacks.checkpoint import Checkpoint
-            existing = [c for c in callbacks if isinstance(c, Checkpoint)]
             if existing:
                 raise ValueError("give either save_folder/save_interval or a Checkpoint callback, not both")
-            callbacks.append(Checkpoint(save_folder, interval=save_interval or "1ep", io=self.checkpoint_io))
-        self.save_folder = save_folder
+            existing = [Checkpoint(save_folder, interval=save_interval or "1ep", io=self.checkpoint_io)]
+            callbacks.append(existing[0])
+        self.checkpointer = existing[0] if existing else None   # writes the signal-time checkpoint too
+        self.save_folder = save_folder if save_folder is not None else (
+            str(self.checkpointer.folder) if self.checkpointer else None)
+        if autoresume and not self.save_folder:
+            raise ValueError("autoresume=True needs save_folder (or a Checkpoint callback): "
+                             "that is where it looks for checkpoints")
 
         self.state = State(
             model=model, max_duration=Time.parse(max_duration), device=self.device, precision=precision,
@@ -147,9 +152,10 @@ class Trainer:
         self.state.forward_model = self._compile(model, compile)
         self.state.batch_fn, self.state.autocast = batch_fn, self._autocast
 
-        self._sigterm = threading.Event()
+        self._signal = threading.Event()   # SIGTERM or a first Ctrl-C: save at the end of this step, stop
+        self._signal_name = None
         self._evaluated_at: int | None = None   # batch of the last evaluation during fit
-        latest = load_latest(save_folder, self.checkpoint_io) if autoresume else None
+        latest = load_latest(self.save_folder, self.checkpointer.io) if autoresume else None
         if latest is not None:
             self._restore(*latest)
         elif load_path:
@@ -208,6 +214,8 @@ class Trainer:
     def _restore(self, path, payload: dict) -> dict:
         meta = restore(self.state, payload)
         self.state.last_checkpoint = str(path)
+        self.state.resumed_from = {"path": str(path), "run_id": meta.get("run_id")}
+        self.logger.resume_at(self.state.timestamp.batch)
         return meta
 
     # ------------------------------------------------------------------ fit
@@ -231,7 +239,7 @@ class Trainer:
         self._intervals_need_progress = self.eval_interval.needs_progress or self.log_interval.needs_progress
         self._next_due = self._next_batch_due()
         state.model.train()
-        old_handler = self._install_sigterm()
+        old_handlers = self._install_signals()
         try:
             run(FIT_START)
             while not state.is_done() and not state.stop_training:
@@ -247,7 +255,9 @@ class Trainer:
                     self._end_epoch()
             self._finish()
         finally:
-            self._restore_sigterm(old_handler)
+            self._restore_signals(old_handlers)
+            if self.checkpointer is not None:
+                self.checkpointer.release()
         return state
 
     def _run_epoch(self, batches) -> bool:
@@ -260,6 +270,10 @@ class Trainer:
                 batch = next(batches)
             except StopIteration:
                 return True
+            except Exception:
+                if self._stop_on_signal():   # Ctrl-C reached loader workers too: the last step is saved
+                    return False
+                raise
             state.batch = batch if self._on_cpu else to_device(batch, self.device)
             run(AFTER_DATALOADER)
             self._train_batch(t0)
@@ -269,7 +283,7 @@ class Trainer:
     def _epoch_complete(self) -> bool:
         """After a stop: the epoch is complete when its last batch was the stopping point."""
         spe = self.state.steps_per_epoch
-        return not self._sigterm.is_set() and spe is not None and self.state.timestamp.batch_in_epoch >= spe
+        return not self._signal.is_set() and spe is not None and self.state.timestamp.batch_in_epoch >= spe
 
     def _train_batch(self, t0: float) -> None:
         state, run = self.state, self.engine.run
@@ -336,6 +350,10 @@ class Trainer:
                 batch = next(batches)
             except StopIteration:
                 return True
+            except Exception:
+                if self._stop_on_signal():   # Ctrl-C reached loader workers too: the last step is saved
+                    return False
+                raise
             if not on_cpu:
                 batch = to_device(batch, self.device)
             state.batch = state.micro_batch = batch
@@ -413,7 +431,7 @@ class Trainer:
         if ts.batch < self._next_due:   # no log, evaluation or end of a batch-counted run is due
             run(BATCH_END)
             run(CHECKPOINT)
-            return self._stop_on_sigterm() or state.stop_training
+            return self._stop_on_signal() or state.stop_training
         progress = state.progress if self._intervals_need_progress else 0.0
         state.log_due = self.log_interval.due(ts, progress)
         run(BATCH_END)
@@ -424,12 +442,13 @@ class Trainer:
         run(CHECKPOINT)
         state.log_due = False
         self._next_due = self._next_batch_due()
-        return self._stop_on_sigterm() or state.is_done() or state.stop_training
+        return self._stop_on_signal() or state.is_done() or state.stop_training
 
-    def _stop_on_sigterm(self) -> bool:
-        """True (after saving a checkpoint) when SIGTERM arrived."""
-        if self._sigterm.is_set():
-            self._save_on_sigterm()
+    def _stop_on_signal(self) -> bool:
+        """True (after saving a checkpoint) when SIGTERM or a first Ctrl-C arrived."""
+        if self._signal.is_set():
+            if not self.state.stop_training:
+                self._save_on_signal()
             return True
         return False
 
@@ -467,7 +486,7 @@ class Trainer:
     def _finish(self) -> None:
         state = self.state
         self._log_train()
-        if self._has_eval() and self._evaluated_at != state.timestamp.batch and not self._sigterm.is_set():
+        if self._has_eval() and self._evaluated_at != state.timestamp.batch and not self._signal.is_set():
             self._evaluate_during_fit()
         self.engine.run(FIT_END)
         self.logger.flush(state.timestamp.batch)
@@ -487,25 +506,40 @@ class Trainer:
         self.evaluate()
         self._evaluated_at = self.state.timestamp.batch
 
-    # ------------------------------------------------------------------ sigterm
-    def _install_sigterm(self):
+    # ------------------------------------------------------------------ signals
+    def _install_signals(self):
+        """SIGTERM and a first Ctrl-C (SIGINT) ask for a checkpoint at the end of the current
+        step and a clean stop; a second Ctrl-C stops at once (KeyboardInterrupt)."""
         if threading.current_thread() is not threading.main_thread():
             return None
-        self._sigterm.clear()
-        return signal.signal(signal.SIGTERM, lambda signum, frame: self._sigterm.set())
+        self._signal.clear()
+        self._signal_name = None
 
-    def _restore_sigterm(self, old) -> None:
-        if old is not None:
-            signal.signal(signal.SIGTERM, old)
+        def on_signal(signum, frame):
+            if signum == signal.SIGINT and self._signal.is_set():
+                signal.signal(signal.SIGINT, signal.default_int_handler)
+                raise KeyboardInterrupt
+            self._signal_name = "sigint" if signum == signal.SIGINT else "sigterm"
+            self._signal.set()
+            if signum == signal.SIGINT:
+                print("\nCtrl-C: saving a checkpoint at the end of this step, then stopping "
+                      "(press Ctrl-C again to stop at once, without saving)", file=sys.stderr, flush=True)
 
-    def _save_on_sigterm(self) -> None:
+        return {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
+
+    def _restore_signals(self, old) -> None:
+        for sig, handler in (old or {}).items():
+            signal.signal(sig, handler)
+
+    def _save_on_signal(self) -> None:
         state = self.state
-        state.stop_training, state.stop_reason = True, "sigterm"
-        if self.save_folder is None:
-            warnings.warn("SIGTERM received: training stopped; no save_folder, so no checkpoint was written")
+        what = "Ctrl-C" if self._signal_name == "sigint" else "SIGTERM"
+        state.stop_training, state.stop_reason = True, self._signal_name or "sigterm"
+        if self.checkpointer is None:
+            warnings.warn(f"{what} received: training stopped; no save_folder, so no checkpoint was written")
             return
-        path = self.save_checkpoint(os.path.join(self.save_folder, checkpoint_name(state)))
-        print(f"SIGTERM received: checkpoint written to {path}; resume with autoresume=True", flush=True)
+        path = self.checkpointer.save(state)
+        print(f"{what} received: checkpoint written to {path}; resume with autoresume=True", flush=True)
 
     # ------------------------------------------------------------------ evaluate / predict
     @torch.inference_mode()

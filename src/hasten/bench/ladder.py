@@ -14,6 +14,7 @@ import math
 from pathlib import Path
 
 from ..config import load_recipe, to_dict
+from .runner import COUNTED, outcome
 from .report import _f, final_metric, header, pyplot, latest_per_run, time_to_target, timed_duration
 from .runner import Spec
 from .target import Target
@@ -95,7 +96,7 @@ def ladder_markdown(runs: list[dict], steps: list[tuple[str, Spec]], target: Tar
     prev = None
     first_ttt = None
     for name, spec in steps:
-        rs = [r for r in runs if r["label"] == spec.label]
+        rs = [r for r in runs if r["label"] == spec.label and outcome(r) in COUNTED]
         hits = [h for h in (time_to_target(r, target) for r in rs) if h]
         finals = [v for v in (final_metric(r, target.metric) for r in rs) if v is not None]
         per_sample = [timed_duration(r) / r["final"]["sample"] for r in rs if r.get("final") and r["final"]["sample"]]
@@ -110,11 +111,11 @@ def ladder_markdown(runs: list[dict], steps: list[tuple[str, Spec]], target: Tar
         # where the final value was read: the run's end, or its last evaluation before the cap
         at = [r["final"]["sample"] if r.get("final") else (r["evals"][-1]["sample"] if r.get("evals") else None)
               for r in rs]
-        row = {"step": name, "label": spec.label, "status": [r["status"] for r in rs], "reached": len(hits),
+        row = {"step": name, "label": spec.label, "status": [outcome(r) for r in rs], "reached": len(hits),
                "runs": len(rs), "time_to_target_s": ttt, "samples_to_target": sps, "s_per_sample": spp,
                "final": sum(finals) / len(finals) if finals else None, "metric": target.metric,
                "final_at_sample": max((a for a in at if a is not None), default=None),
-               "capped": any(r["status"] == "capped" for r in rs)}
+               "capped": any(outcome(r) == "capped" for r in rs)}
         if prev is not None:
             row["systems_x"] = prev["s_per_sample"] / spp if prev["s_per_sample"] and spp else None
             row["algorithmic_x"] = (prev["samples_to_target"] / sps

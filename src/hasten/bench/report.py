@@ -7,6 +7,8 @@ Timing rules (docs/bench.md):
 - evaluations that only watch for the target are timed separately and never counted;
 - data loading into memory is reported separately;
 - runs that never reach the target are misses, shown in the table;
+- only finished and capped runs are counted; failed runs are listed with their error,
+  interrupted ones are left out (a continued comparison reruns both);
 - the fixed-budget view compares final metric and timed training duration.
 """
 from __future__ import annotations
@@ -15,6 +17,8 @@ import json
 import math
 from pathlib import Path
 
+from ..errors import HastenError
+from .runner import COUNTED, outcome
 from .stats import describe, ratio_ci, welch_t_test
 from .target import Target
 
@@ -58,17 +62,22 @@ def time_to_target(r: dict, target: Target) -> dict | None:
 def resolve_target(target: Target, runs: list[dict], first_label: str) -> Target:
     if not target.from_first:
         return target
-    vals = [final_metric(r, target.metric) for r in runs if r["label"] == first_label]
+    vals = [final_metric(r, target.metric) for r in runs if r["label"] == first_label and outcome(r) in COUNTED]
     vals = [v for v in vals if v is not None]
     if not vals:
-        raise ValueError(f"cannot resolve {target.metric}@first: no finished run of {first_label}")
+        raise HastenError(f"cannot resolve {target.metric}@first: no finished run of {first_label} "
+                          f"reports {target.metric}; check the failed runs' logs, or give the target as a number")
     return Target(target.metric, target.op, sum(vals) / len(vals), True)
 
 
 def analyse(runs: list[dict], labels: list[str], target: Target) -> dict:
-    runs = latest_per_run(runs)
+    latest = latest_per_run(runs)
+    runs = [r for r in latest if outcome(r) in COUNTED]
     target = resolve_target(target, runs, labels[0])
-    out = {"target": str(target), "target_value": target.value, "metric": target.metric, "recipes": {}}
+    out = {"target": str(target), "target_value": target.value, "metric": target.metric, "recipes": {},
+           "failed": [{"label": r["label"], "seed": r["seed"], "error": r.get("error"), "log": r.get("log")}
+                      for r in latest if outcome(r) == "failed"],
+           "interrupted": [{"label": r["label"], "seed": r["seed"]} for r in latest if outcome(r) == "interrupted"]}
     per = {}
     for label in labels:
         rs = sorted((r for r in runs if r["label"] == label), key=lambda r: r["seed"])
@@ -79,7 +88,7 @@ def analyse(runs: list[dict], labels: list[str], target: Target) -> dict:
         fin = [r["final"] for r in rs if r.get("final")]
         per[label] = {"ttt": ttt, "finals": finals, "timed": timed}
         out["recipes"][label] = {
-            "runs": len(rs), "reached": len(ttt), "statuses": [r["status"] for r in rs], "seeds": [r["seed"] for r in rs],
+            "runs": len(rs), "reached": len(ttt), "statuses": [outcome(r) for r in rs], "seeds": [r["seed"] for r in rs],
             "time_to_target_s": describe(ttt),
             "samples_to_target": describe([h["samples"] for h in hits if h]),
             "final_metric": describe(finals), "timed_duration_s": describe(timed),
@@ -147,6 +156,14 @@ def markdown(analysis: dict, title: str, command: str | None = None) -> str:
             f"{_f(p, 3)} | {_f(td['mean'], 1)} ± {_f(td['std'], 1)} | {_ci(r['speedup_timed_duration'])} | "
             f"{_f(r['warmup_s']['mean'], 2)} | {_f(r['eval_s']['mean'], 1)} | {_f(r['data_setup_s']['mean'], 1)} | "
             f"{_f(r['samples']['mean'], 0)} | {_f(r['tokens']['mean'], 0)} | {_f(r['peak_memory_mb']['mean'], 0)} |")
+    if analysis.get("failed"):
+        lines += ["", "## Failed runs (not counted; rerun when the comparison is continued)", "",
+                  "| recipe | seed | error | log |", "|---|---|---|---|"]
+        for f in analysis["failed"]:
+            lines.append(f"| {f['label']} | {f['seed']} | {(f['error'] or '?').replace('|', '/')} | {f['log']} |")
+    if analysis.get("interrupted"):
+        lines += ["", "Interrupted, not counted (continue the comparison to rerun): "
+                  + ", ".join(f"{i['label']} seed {i['seed']}" for i in analysis["interrupted"])]
     for mach in analysis.get("machines", []):
         feats = mach.get("cpu_features")
         lines += ["", f"Machine: {mach.get('cpu')}" + (f" ({', '.join(feats) or 'no AVX2'})" if feats is not None else "")
@@ -206,11 +223,22 @@ def plot(runs: list[dict], labels: list[str], analysis: dict, path: Path) -> Pat
     return path
 
 
+def strict_json(x):
+    """`x` with every NaN or infinity as null: report.json is strict JSON."""
+    if isinstance(x, float):
+        return x if math.isfinite(x) else None
+    if isinstance(x, dict):
+        return {k: strict_json(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [strict_json(v) for v in x]
+    return x
+
+
 def write_report(runs: list[dict], labels: list[str], target: Target, out_dir: Path, title: str,
                  command: str | None = None) -> dict:
     analysis = analyse(runs, labels, target)
     analysis["command"] = command
-    (out_dir / "report.json").write_text(json.dumps(analysis, indent=2) + "\n")
+    (out_dir / "report.json").write_text(json.dumps(strict_json(analysis), indent=2, allow_nan=False) + "\n")
     md = markdown(analysis, title, command)
     png = plot(runs, labels, analysis, out_dir / "report.png")
     if png:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from ..errors import ConfigError
+
 _T = re.compile(r"^\s*([\w/.\-]+)\s*(>=|<=)\s*(@first|[-+0-9.eE]+)\s*$")
 
 
@@ -19,7 +21,7 @@ class Target:
     def parse(cls, text: str) -> "Target":
         m = _T.match(text)
         if not m:
-            raise ValueError(f"cannot read target {text!r}: write METRIC>=VALUE or METRIC<=VALUE "
+            raise ConfigError(f"cannot read target {text!r}: write METRIC>=VALUE or METRIC<=VALUE "
                              "(e.g. 'val/acc>=0.908'), or METRIC<=@first to use the first recipe's mean final value")
         metric, op, v = m.groups()
         if v == "@first":

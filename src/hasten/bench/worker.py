@@ -110,7 +110,7 @@ def main(spec_path: str, out_path: str) -> int:
         if state.device.type == "cuda":
             torch.cuda.synchronize()
         fit_wall = time.perf_counter() - t1
-        run.trainer.close()
+        run.close()
         ts = state.timestamp
         peak = (torch.cuda.max_memory_allocated() if state.device.type == "cuda"
                 else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
@@ -123,5 +123,15 @@ def main(spec_path: str, out_path: str) -> int:
     return 0
 
 
+def _main_with_errors(argv: list[str]) -> int:
+    """main(), with hasten's own errors as one line (the runner records the last line)."""
+    from ..errors import HastenError
+    try:
+        return main(argv[1], argv[2])
+    except HastenError as e:
+        print(f"hasten: error: {e}", flush=True)
+        return 2
+
+
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1], sys.argv[2]))
+    sys.exit(_main_with_errors(sys.argv))

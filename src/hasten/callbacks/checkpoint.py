@@ -1,18 +1,81 @@
-"""Checkpoint callback: save at an interval, keep the last N and the best k by a metric.
+"""Checkpoint callback: save at an interval, keep the last N and the best k by a metric,
+and delete only what it can prove is its own.
 
 The Trainer's `save_folder` / `save_interval` create this same callback. A final
-checkpoint is always written at the end of fit. An index (checkpoints.json) in the folder
-lists what is kept, with the monitored metric.
+checkpoint is always written at the end of fit.
+
+Ownership (docs/reliability.md). The folder's index, `checkpoints.json`, lists every
+checkpoint written there, each under the id of the run that wrote it. A run deletes a
+checkpoint only when all of these hold: it is a direct child of this folder with a
+checkpoint's name (`epE-baB.pt`, or a sharded `epE-baB.dcp` folder), it is no symbolic link,
+and the folder's own index lists it under this run's id. A run gets its id when it starts;
+it keeps the id of the checkpoint it resumes only when that checkpoint lies in this folder
+and the index lists it under that id. Paths stored inside a loaded checkpoint are never
+read, so loading a checkpoint cannot widen what may be deleted. While a run writes the
+folder it holds the folder's lock: a second process is refused, and leftover temporaries
+of an earlier run killed mid-save are removed.
 """
 from __future__ import annotations
 
 import json
 import os
-import tempfile
+import re
+import shutil
+import stat
+import uuid
 from pathlib import Path
 
 from ..checkpoint import CheckpointIO, checkpoint_name, save
 from ..core import Callback, Interval, Time
+from ..errors import RunFolderError
+from ..files import FolderLock, atomic_write, ensure_writable_dir
+
+INDEX = "checkpoints.json"
+INDEX_FORMAT = 2
+ENTRY = re.compile(r"^ep\d+-ba\d+\.(pt|dcp)$")          # what a checkpoint may be called
+TEMPORARY = re.compile(r"^\.(ep\d+-ba\d+\.(pt|dcp)|checkpoints\.json)\..+\.tmp$")   # atomic writes' leftovers
+
+
+def new_run_id() -> str:
+    return uuid.uuid4().hex[:16]
+
+
+def read_index(folder: "str | os.PathLike") -> list[dict]:
+    """The index's entries ({"name", "run", "batch", "metric"}), oldest first. Entries that
+    do not name a checkpoint of this folder, and indexes of older hasten versions (which
+    stored paths), give nothing: what they list is never deleted."""
+    path = Path(folder) / INDEX
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return []
+    if not isinstance(data, dict) or data.get("format") != INDEX_FORMAT:
+        return []
+    out = []
+    for e in data.get("checkpoints", []):
+        if (isinstance(e, dict) and isinstance(e.get("name"), str) and ENTRY.match(e["name"])
+                and isinstance(e.get("run"), str) and isinstance(e.get("batch"), int)):
+            out.append({"name": e["name"], "run": e["run"], "batch": e["batch"], "metric": e.get("metric")})
+    return out
+
+
+def remove_owned(folder: Path, name: str) -> bool:
+    """Remove checkpoint `name` from `folder`: a regular file or a real folder with a
+    checkpoint's name, directly in `folder`; never a symbolic link or what it points to."""
+    if not ENTRY.match(name):
+        return False
+    path = folder / name
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        return False
+    if stat.S_ISREG(mode):
+        os.unlink(path)
+    elif stat.S_ISDIR(mode):
+        shutil.rmtree(path)   # removes links inside, never follows them
+    else:
+        return False
+    return True
 
 
 class Checkpoint(Callback):
@@ -29,10 +92,49 @@ class Checkpoint(Callback):
         self.interval = Interval(interval)
         self.keep_last, self.keep_best, self.monitor, self.mode = keep_last, keep_best, monitor, mode
         self.io = io or CheckpointIO()
-        self.saved: list[dict] = []   # {"path", "batch", "metric"} oldest first
-        self._started = False
+        self.run_id: str | None = None
+        self.saved: list[dict] = []    # this run's entries in the index, oldest first
+        self._others: list[dict] = []  # entries of other runs: kept in the index, never touched
+        self._lock = FolderLock(self.folder, "checkpoint folder")
 
+    # ------------------------------------------------------------------ the folder
+    def claim(self, state) -> None:
+        """Take the folder for this run: check it is writable, lock it, remove leftover
+        temporaries, read the index and settle this run's id. Called at fit start (and by
+        the Trainer before its first save); a second call does nothing."""
+        if self._lock.held:
+            return
+        ensure_writable_dir(self.folder, "checkpoint folder")
+        self._lock.acquire()
+        for p in self.folder.iterdir():
+            if TEMPORARY.match(p.name) and not p.is_symlink():   # only a killed save of ours leaves these
+                shutil.rmtree(p) if p.is_dir() else p.unlink()
+        entries = read_index(self.folder)
+        resumed = state.resumed_from or {}
+        rid = resumed.get("run_id")
+        in_folder = resumed.get("path") and Path(resumed["path"]).resolve().parent == self.folder.resolve()
+        if self.run_id is None:
+            listed = in_folder and any(e["run"] == rid and e["name"] == Path(resumed["path"]).name for e in entries)
+            self.run_id = rid if listed else new_run_id()
+        owned = {e["name"] for e in entries if e["run"] == self.run_id}
+        if not in_folder:
+            foreign = sorted(p.name for p in self.folder.iterdir() if ENTRY.match(p.name) and p.name not in owned)
+            if foreign:
+                self.release()
+                raise RunFolderError(
+                    f"the checkpoint folder {self.folder} already holds checkpoints of another run "
+                    f"({', '.join(foreign[:3])}{', ...' if len(foreign) > 3 else ''}); resume that run "
+                    "(autoresume) or give this run a folder of its own. hasten neither overwrites nor "
+                    "deletes another run's checkpoints.")
+        self.saved = [e for e in entries if e["run"] == self.run_id]
+        self._others = [e for e in entries if e["run"] != self.run_id]
+
+    def release(self) -> None:
+        self._lock.release()
+
+    # ------------------------------------------------------------------ events
     def fit_start(self, state, logger):
+        self.claim(state)
         self.interval.start(state.timestamp, state.progress)
 
     def checkpoint(self, state, logger):
@@ -42,51 +144,58 @@ class Checkpoint(Callback):
     def fit_end(self, state, logger):
         if not self.saved or self.saved[-1]["batch"] != state.timestamp.batch:
             self.save(state)
+        self.release()
 
     def save(self, state) -> str:
+        self.claim(state)
         state.read_train_loss(reset=False)  # check before recording: never list a checkpoint of bad weights
-        path = self.folder / checkpoint_name(state)
+        name = checkpoint_name(state)
+        if self.io.suffix != ".pt":
+            name = name[:-3] + self.io.suffix
+        path = self.folder / name
+        if os.path.lexists(path) and name not in {s["name"] for s in self.saved}:
+            raise RunFolderError(f"{path} exists and belongs to another run; hasten does not overwrite it. "
+                                 "Move it away, or give this run a checkpoint folder of its own.")
         metric = state.eval_metrics.get(self.monitor) if self.monitor else None
-        self.saved = [s for s in self.saved if s["path"] != str(path)]
-        self.saved.append({"path": str(path), "batch": state.timestamp.batch, "metric": metric})
-        save(state, path, self.io)   # the state saved includes self.saved
+        save(state, path, self.io, {"run_id": self.run_id})
+        self.saved = [s for s in self.saved if s["name"] != name]
+        self.saved.append({"name": name, "run": self.run_id, "batch": state.timestamp.batch, "metric": metric})
+        self._write_index()      # the new checkpoint is recorded before anything is pruned
         self._prune()
         self._write_index()
         return str(path)
 
+    # ------------------------------------------------------------------ keep and prune
     def _keep(self) -> set[str]:
-        keep = {s["path"] for s in (self.saved[-self.keep_last:] if self.keep_last else self.saved)}
+        keep = {s["name"] for s in (self.saved[-self.keep_last:] if self.keep_last else self.saved)}
         if self.keep_best:
             ranked = [s for s in self.saved if s["metric"] is not None]
             ranked.sort(key=lambda s: s["metric"], reverse=self.mode == "max")
-            keep |= {s["path"] for s in ranked[: self.keep_best]}
+            keep |= {s["name"] for s in ranked[: self.keep_best]}
         return keep
 
     def _prune(self) -> None:
         keep = self._keep()
-        for s in [s for s in self.saved if s["path"] not in keep]:
-            try:
-                os.unlink(s["path"])
-            except FileNotFoundError:
-                pass
-        self.saved = [s for s in self.saved if s["path"] in keep]
+        for s in self.saved:
+            if s["name"] not in keep:
+                remove_owned(self.folder, s["name"])
+        self.saved = [s for s in self.saved if s["name"] in keep]
 
     def _write_index(self) -> None:
-        data = {"checkpoints": self.saved, "monitor": self.monitor, "best": self.best_path}
-        fd, tmp = tempfile.mkstemp(dir=self.folder, prefix=".index.", suffix=".tmp")
-        with os.fdopen(fd, "w") as f:
-            json.dump(data, f, indent=1)
-        os.replace(tmp, self.folder / "checkpoints.json")
+        best = self.best_path
+        data = {"format": INDEX_FORMAT, "checkpoints": self._others + self.saved, "monitor": self.monitor,
+                "best": Path(best).name if best else None}
+        atomic_write(self.folder / INDEX, lambda f: json.dump(data, f, indent=1), binary=False)
 
     @property
     def best_path(self) -> str | None:
         ranked = [s for s in self.saved if s["metric"] is not None]
         if not ranked:
             return None
-        return (min if self.mode == "min" else max)(ranked, key=lambda s: s["metric"])["path"]
+        return str(self.folder / (min if self.mode == "min" else max)(ranked, key=lambda s: s["metric"])["name"])
 
     def state_dict(self):
-        return {"saved": [dict(s) for s in self.saved]}
+        return {}   # the folder's index, not the checkpoint, says what this run owns
 
     def load_state_dict(self, sd):
-        self.saved = [dict(s) for s in sd.get("saved", [])]
+        pass        # older checkpoints stored paths here: they are ignored on purpose

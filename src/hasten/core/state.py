@@ -6,6 +6,7 @@ from typing import Any, Callable
 
 import torch
 
+from ..errors import HastenError
 from .time import Time, Timestamp, TimeUnit
 
 _ONE_BATCH = Time(1, "ba")
@@ -45,6 +46,7 @@ class State:
     step_losses: list = field(default_factory=list)  # detached reduced losses since the last read
     checked_batch: int = 0        # batches up to here are known to have had finite losses
     last_checkpoint: str | None = None
+    resumed_from: dict | None = None   # {"path", "run_id"} of the checkpoint this state was restored from
     # control
     log_due: bool = False         # this batch end is a log point: callbacks may read tensors now
     at_epoch_end: bool = False
@@ -136,7 +138,7 @@ class State:
         return self.optimizers[0].param_groups[0]["lr"] if self.optimizers else float("nan")
 
 
-class NonFiniteLossError(RuntimeError):
+class NonFiniteLossError(HastenError, RuntimeError):
     """The training loss became NaN or Inf."""
 
     def __init__(self, first_batch: int, last_batch: int, last_checkpoint: str | None):

@@ -12,12 +12,14 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+from ..errors import DataError, HastenError
 
-class DatasetNotFoundError(FileNotFoundError):
+
+class DatasetNotFoundError(HastenError, FileNotFoundError):
     pass
 
 
-class ChecksumError(RuntimeError):
+class ChecksumError(DataError):
     pass
 
 

@@ -1,13 +1,14 @@
 """DataLoader defaults that follow good practice.
 
 Workers: one fewer than the CPU cores (at most 8), persistent between epochs; pinned
-memory when training on CUDA; a per-epoch order from (seed, epoch) and per-sample
+memory when training on CUDA; workers that leave Ctrl-C to the training process; a per-epoch order from (seed, epoch) and per-sample
 augmentation from (seed, epoch, index), so results do not depend on the worker count and
 resume exactly.
 """
 from __future__ import annotations
 
 import os
+import signal
 
 import torch
 from torch.utils.data import DataLoader, Dataset
@@ -30,9 +31,17 @@ def make_dataloader(dataset: Dataset, batch_size: int, shuffle: bool = True, see
     kwargs = {}
     if workers > 0:
         kwargs.update(persistent_workers=True, prefetch_factor=prefetch_factor or 4)
+    if workers > 0:
+        kwargs["worker_init_fn"] = ignore_ctrl_c
     return DataLoader(ds, batch_size=batch_size, sampler=ResumableSampler(len(ds), shuffle, seed, keyed=True),
                       num_workers=workers, pin_memory=pin, drop_last=drop_last,
                       generator=torch.Generator().manual_seed(seed), **kwargs)
+
+
+def ignore_ctrl_c(worker_id: int) -> None:
+    """Loader workers ignore the terminal's Ctrl-C: the training process decides (it saves a
+    checkpoint after the current step) and shuts its workers down itself."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 class TensorPairs(Dataset):

@@ -20,6 +20,10 @@ class LoggerDestination:
     def log_hparams(self, hparams: dict[str, Any]) -> None:
         pass
 
+    def resume_at(self, step: int) -> None:
+        """The run continues from a checkpoint at `step`: what was logged after it will be
+        logged again by the resumed run. Destinations that can, forget it."""
+
     def close(self) -> None:
         pass
 
@@ -50,6 +54,10 @@ class LogHub:
         for d in self.destinations:
             d.log_metrics(out, step)
         return out
+
+    def resume_at(self, step: int) -> None:
+        for d in self.destinations:
+            d.resume_at(step)
 
     def close(self) -> None:
         for d in self.destinations:

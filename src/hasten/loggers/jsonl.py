@@ -1,10 +1,17 @@
-"""JSONL logger: one JSON object a flush, {"step": N, "metric": value, ...}; easy to load with pandas."""
+"""JSONL logger: one JSON object a flush, {"step": N, "metric": value, ...}; easy to load with pandas.
+
+On resume from a checkpoint at step B, rows of steps after B (written by the run before it
+was killed, for steps it is about to train again) are dropped, so each step is written
+once. The first `train/loss` after a resume averages the steps since the resume point only
+(the window of losses is not part of a checkpoint).
+"""
 from __future__ import annotations
 
 import json
 import math
 import os
 
+from ..files import atomic_write
 from .base import LoggerDestination
 
 
@@ -18,6 +25,20 @@ class JSONLLogger(LoggerDestination):
         row = {"step": step}
         row.update({k: (v if math.isfinite(v) else str(v)) for k, v in metrics.items()})
         self._f.write(json.dumps(row) + "\n")
+
+    def resume_at(self, step: int) -> None:
+        self._f.close()
+        keep = []
+        with open(self.path) as f:
+            for line in f:
+                try:
+                    row = json.loads(line)
+                except json.JSONDecodeError:
+                    continue   # a line torn by a kill
+                if not isinstance(row.get("step"), int) or row["step"] <= step:
+                    keep.append(line if line.endswith("\n") else line + "\n")
+        atomic_write(self.path, lambda f: f.writelines(keep), binary=False)
+        self._f = open(self.path, "a", buffering=1)
 
     def log_hparams(self, hparams):
         self._f.write(json.dumps({"hparams": hparams}, default=str) + "\n")

@@ -1,0 +1,29 @@
+"""hasten's own errors: each message names the problem and the fix in one line.
+
+Everything a user can cause (a wrong key or value, a missing or damaged file, a folder in
+use by another run, a checkpoint of another model) raises a `HastenError`. The command
+line prints such errors as one line (`hasten: error: ...`) and exits non-zero; `--debug`
+or `HASTEN_DEBUG=1` shows the traceback too. This module imports nothing of hasten's, so
+every other module can use it.
+"""
+from __future__ import annotations
+
+
+class HastenError(Exception):
+    """A problem the user can fix; the message says how."""
+
+
+class ConfigError(HastenError, ValueError):
+    """A recipe, override or argument that is not allowed."""
+
+
+class CheckpointError(HastenError, RuntimeError):
+    """A checkpoint that cannot be written or read, or belongs to something else."""
+
+
+class DataError(HastenError, ValueError):
+    """A data file that is missing, empty, damaged or of the wrong kind."""
+
+
+class RunFolderError(HastenError, RuntimeError):
+    """A run or checkpoint folder that cannot be used: in use, not writable, or another run's."""
