@@ -14,7 +14,7 @@ from .callbacks import LRMonitor, ProgressBar, SpeedMonitor
 from .callbacks.checkpoint import Checkpoint
 from .config import OptimizerConfig, Recipe
 from .errors import ConfigError
-from .files import FolderLock, ensure_writable_dir
+from .files import LOCK_NAME, FolderLock, ensure_writable_dir
 from .loggers import ConsoleLogger, JSONLLogger
 from .optim import LRSchedule, apply_lr_multipliers, param_groups
 from .optim.muon import muon_for, muon_optimizers, split_for_muon
@@ -112,6 +112,7 @@ def build_run(recipe: Recipe, progress_bar: bool | None = None, console_logger: 
     configure_host_allocator(t.host_allocator, device.type)   # before the data is loaded
     algorithms = build_algorithms(recipe)
     run_dir = Path(t.run_dir) if t.run_dir else default_run_dir(recipe)
+    created = not run_dir.exists()
     lock = FolderLock(ensure_writable_dir(run_dir, "run folder"), "run folder").acquire()
     try:
         changes = check_run_folder(recipe, run_dir, force)
@@ -121,6 +122,12 @@ def build_run(recipe: Recipe, progress_bar: bool | None = None, console_logger: 
         write_run_folder(recipe, run_dir, changes, force)
     except BaseException:
         lock.release()
+        if created:   # a run that never started leaves no folder behind: only its own lock file was in it
+            (run_dir / LOCK_NAME).unlink(missing_ok=True)
+            try:
+                run_dir.rmdir()
+            except OSError:
+                pass   # something else is in it now: leave it
         raise
     return Run(recipe=recipe, trainer=trainer, built=built, run_dir=run_dir, lock=lock)
 

@@ -23,6 +23,7 @@ import yaml
 
 from .core.time import Time
 from .errors import ConfigError
+from .schema import check_setting, device_string, fractions_below_one, setting
 
 
 RECIPE_SCHEMA_VERSION = 1   # recipe.yaml files in run folders record it; raise it when keys are renamed
@@ -37,46 +38,46 @@ def _suggest(key: str, allowed) -> str:
 # ------------------------------------------------------------------------------ sections
 @dataclass
 class TrainerConfig:
-    max_duration: str = "1ep"
-    eval_interval: str = "1ep"
-    log_interval: str = "50ba"
+    max_duration: str = setting("1ep", time=True)
+    eval_interval: str = setting("1ep", time=True)
+    log_interval: str = setting("50ba", time=True)
     precision: Literal["fp32", "bf16-mixed", "fp16-mixed", "auto"] = "fp32"   # auto: bf16-mixed where the hardware has bf16 (CUDA, AVX512-BF16/AMX CPUs), else fp32
-    device: str = "auto"
+    device: str = setting("auto", check=device_string)
     compile: bool = False
-    grad_accum: int = 1
-    grad_clip_norm: Optional[float] = None
-    seed: int = 0
+    grad_accum: int = setting(1, ge=1)
+    grad_clip_norm: Optional[float] = setting(None, gt=0)
+    seed: int = setting(0, ge=0)
     run_dir: Optional[str] = None       # default: runs/<recipe>-<date-time>
-    save_interval: Optional[str] = None  # default: checkpoints at eval points and at the end
-    keep_last: int = 1
+    save_interval: Optional[str] = setting(None, time=True)  # default: checkpoints at eval points and at the end
+    keep_last: int = setting(1, ge=1)
     checkpoints: bool = True             # false: write no checkpoints (benchmarks)
     autoresume: bool = False
     load_path: Optional[str] = None
     progress_bar: bool = True
     tensorboard: bool = True             # when the tensorboard package is installed
-    threads: Optional[int] = None        # torch.set_num_threads; default: leave as is
+    threads: Optional[int] = setting(None, ge=1)  # torch.set_num_threads; default: leave as is
     host_allocator: Literal["auto", "tuned", "default"] = "auto"  # glibc malloc settings; auto: tuned for CPU runs (hasten.allocator)
 
 
 @dataclass
 class OptimizerConfig:
     name: Literal["sgd", "sgdw", "adamw", "adam", "muon"] = "adamw"   # muon: Muon for hidden matrices and conv kernels + muon_others for the rest; sgdw: SGD with decoupled weight decay
-    lr: float = 1e-3
-    momentum: float = 0.9
+    lr: float = setting(1e-3, ge=0)
+    momentum: float = setting(0.9, ge=0, lt=1)
     nesterov: bool = False
-    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
-    eps: float = 1e-8
-    weight_decay: float = 0.0
-    decay_min_dim: int = 2               # parameters with fewer dimensions get no weight decay
+    betas: list[float] = setting(default_factory=lambda: [0.9, 0.999], check=fractions_below_one)
+    eps: float = setting(1e-8, gt=0)
+    weight_decay: float = setting(0.0, ge=0)
+    decay_min_dim: int = setting(2, ge=0)  # parameters with fewer dimensions get no weight decay
     no_decay: list[str] = field(default_factory=list)  # name patterns without weight decay
     lr_multipliers: dict[str, float] = field(default_factory=dict)  # name pattern -> multiple of lr
     decay_ignores_lr_mult: bool = False  # true: a group at m x lr gets weight_decay / m (same decay per step)
     per_example: bool = False            # sgdw: lr and weight_decay stated per example, momentum's gain included
     fused: Optional[bool] = None         # default: fused when the device supports it
-    muon_lr: float = 0.02
-    muon_momentum: float = 0.95
-    muon_weight_decay: float = 0.0
-    muon_ns_steps: int = 5                 # Newton-Schulz iterations per update
+    muon_lr: float = setting(0.02, ge=0)
+    muon_momentum: float = setting(0.95, ge=0, lt=1)
+    muon_weight_decay: float = setting(0.0, ge=0)
+    muon_ns_steps: int = setting(5, ge=1)  # Newton-Schulz iterations per update
     muon_adjust_lr: Optional[str] = None   # torch.optim.Muon adjust_lr_fn: None/'original' or 'match_rms_adamw'
     muon_normalize: bool = False           # rescale each Muon parameter to norm sqrt(rows) before its update
     muon_ns_dtype: Literal["auto", "bf16", "fp32"] = "auto"   # Newton-Schulz precision; auto: bf16 on GPUs and bf16 CPUs, fp32 elsewhere
@@ -86,10 +87,10 @@ class OptimizerConfig:
 @dataclass
 class ScheduleConfig:
     name: Literal["constant", "linear", "cosine", "wsd"] = "constant"
-    warmup: str = "0ba"
-    warmdown: Optional[str] = None
-    min_factor: float = 0.0
-    start_factor: float = 0.0
+    warmup: str = setting("0ba", time=True)
+    warmdown: Optional[str] = setting(None, time=True)
+    min_factor: float = setting(0.0, ge=0)
+    start_factor: float = setting(0.0, ge=0)
 
 
 @dataclass
@@ -185,13 +186,15 @@ def from_dict(cls, data: dict | None, path: str = ""):
     if not isinstance(data, dict):
         raise ConfigError(f"{path or cls.__name__}: expected a mapping, got {data!r}")
     hints = _hints(cls)
-    names = [f.name for f in dataclasses.fields(cls)]
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    names = list(fields)
     kwargs = {}
     for key, value in data.items():
         where = f"{path}.{key}" if path else str(key)
         if key not in names:
             raise ConfigError(f"unknown key {where!r}; allowed keys here: {names}.{_suggest(str(key), names)}")
         kwargs[key] = coerce(value, hints[key], where)
+        check_setting(fields[key], kwargs[key], where)
     missing = [f.name for f in dataclasses.fields(cls)
                if f.name not in kwargs and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
     if missing:
@@ -345,13 +348,9 @@ def validate(raw: dict) -> Recipe:
     task = TASKS[recipe.task]
     recipe.model = task.model_config(recipe.model)
     recipe.data = from_dict(task.DataConfig, recipe.data, "data")
-    for key in ("max_duration", "eval_interval", "log_interval", "save_interval"):
-        v = getattr(recipe.trainer, key)
-        if v is not None:
-            check_time(v, f"trainer.{key}")
-    check_time(recipe.schedule.warmup, "schedule.warmup")
-    if recipe.schedule.warmdown is not None:
-        check_time(recipe.schedule.warmdown, "schedule.warmdown")
+    if Time.parse(recipe.trainer.max_duration).unit.value == "dur":
+        raise ConfigError(f"trainer.max_duration: {recipe.trainer.max_duration!r} is a fraction of the run; "
+                          "give ep, ba, sp, tok or s/m/h")
     from .algorithms import REGISTRY
     algos = {}
     for algo_name, params in (recipe.algorithms or {}).items():

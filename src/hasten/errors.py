@@ -27,3 +27,8 @@ class DataError(HastenError, ValueError):
 
 class RunFolderError(HastenError, RuntimeError):
     """A run or checkpoint folder that cannot be used: in use, not writable, or another run's."""
+
+
+class TrainingError(HastenError, RuntimeError):
+    """A fault found while training that the user's code or data caused (e.g. a loss
+    function that cannot take the model's outputs)."""

@@ -22,6 +22,7 @@ from .allocator import configure_host_allocator
 from .checkpoint import CheckpointIO, checkpoint_name, load_latest, restore, save
 from .core import Engine, Event, Interval, State, Time, TimeUnit
 from .data.resumable import epoch_iterator
+from .errors import TrainingError
 from .loggers import LogHub
 from .utils import (batch_size, inputs_targets, resolve_device, resolve_precision, seed_everything, split_batch,
                     to_device)
@@ -47,6 +48,31 @@ def default_loss(outputs: torch.Tensor, targets: torch.Tensor, reduction: str = 
     if outputs.dim() > 2:  # (B, T, V) language-model logits
         return F.cross_entropy(outputs.flatten(0, -2).float(), targets.flatten(), reduction=reduction)
     return F.cross_entropy(outputs, targets, reduction=reduction)
+
+
+# errors a loss raises when the model's outputs do not fit it (out-of-memory is not one)
+_LOSS_FAULTS = (ValueError, IndexError, TypeError, RuntimeError)
+
+
+def _describe(x) -> str:
+    if isinstance(x, torch.Tensor):
+        return f"a tensor of shape {tuple(x.shape)} ({str(x.dtype).replace('torch.', '')})"
+    if isinstance(x, dict):
+        return f"a dict with keys {sorted(map(str, x))[:6]}"
+    return f"a {type(x).__name__}"
+
+
+def loss_fault(error: Exception | None, outputs, targets, returned: Any = None) -> Exception:
+    """hasten's error for a loss that cannot be computed or returns no tensor; an
+    out-of-memory error passes through as it is."""
+    if isinstance(error, torch.OutOfMemoryError):
+        return error
+    if error is None:
+        return TrainingError(f"the loss function returned {_describe(returned)}; it must return a tensor of "
+                             "per-sample (or per-token) losses, or a scalar")
+    return TrainingError(f"the loss function failed on the model's outputs ({_describe(outputs)}) and the "
+                         f"targets ({_describe(targets)}): {type(error).__name__}: {str(error).rstrip('.')}. Check that the "
+                         "model's outputs fit the loss (e.g. logits (batch, classes) with class-index targets)")
 
 
 def _default_token_count(targets) -> int:
@@ -364,8 +390,13 @@ class Trainer:
             with autocast:
                 state.outputs = out = (state.forward_model(**inputs) if isinstance(inputs, dict)
                                        else state.forward_model(inputs))
-                loss = default_loss(out, targets, reduction="mean") if fused else state.loss_fn(out, targets)
+                try:
+                    loss = default_loss(out, targets, reduction="mean") if fused else state.loss_fn(out, targets)
+                except _LOSS_FAULTS as e:
+                    raise loss_fault(e, out, targets) from e
             if not fused:
+                if not isinstance(loss, torch.Tensor):
+                    raise loss_fault(None, out, targets, loss)
                 state.loss_count = loss.numel()
                 loss = self.reduce_loss(loss)
             state.loss = loss
@@ -398,10 +429,15 @@ class Trainer:
         run(AFTER_FORWARD)
         run(BEFORE_LOSS)
         with autocast():
-            if self._fused_mean and state.loss_fn is default_loss:   # nobody needs per-sample losses
-                state.loss = default_loss(state.outputs, targets, reduction="mean")
-            else:
-                state.loss = state.loss_fn(state.outputs, targets)
+            try:
+                if self._fused_mean and state.loss_fn is default_loss:   # nobody needs per-sample losses
+                    state.loss = default_loss(state.outputs, targets, reduction="mean")
+                else:
+                    state.loss = state.loss_fn(state.outputs, targets)
+            except _LOSS_FAULTS as e:
+                raise loss_fault(e, state.outputs, targets) from e
+        if not isinstance(state.loss, torch.Tensor):
+            raise loss_fault(None, state.outputs, targets, state.loss)
         state.loss_count = state.loss.numel()
         run(AFTER_LOSS)
         state.loss = self.reduce_loss(state.loss)
@@ -565,7 +601,12 @@ class Trainer:
                 outputs = state.forward_model(**inputs) if isinstance(inputs, dict) else state.forward_model(inputs)
                 state.outputs = outputs
                 if targets is not None:
-                    loss = state.loss_fn(outputs, targets)
+                    try:
+                        loss = state.loss_fn(outputs, targets)
+                    except _LOSS_FAULTS as e:
+                        raise loss_fault(e, outputs, targets) from e
+                    if not isinstance(loss, torch.Tensor):
+                        raise loss_fault(None, outputs, targets, loss)
                     loss_sum += loss.double().sum()
                     count += loss.numel()
             if targets is not None:

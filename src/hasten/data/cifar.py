@@ -11,6 +11,7 @@ import io
 import os
 import pickle
 import tarfile
+import warnings
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,6 +19,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ..errors import DataError
 from .download import DatasetNotFoundError, data_root, download, file_digest
 
 URL = "https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz"
@@ -64,6 +66,16 @@ def _from_official(read) -> ImageData:
 
 
 def read_official_archive(path: "str | os.PathLike") -> ImageData:
+    try:
+        return _read_official_archive(path)
+    except (tarfile.TarError, EOFError, OSError, pickle.UnpicklingError, ValueError) as e:
+        if isinstance(e, DatasetNotFoundError):
+            raise
+        raise DataError(f"{path} cannot be read as the CIFAR-10 python archive ({type(e).__name__}: {e}): "
+                        "it is damaged or truncated; download it again") from e
+
+
+def _read_official_archive(path) -> ImageData:
     with tarfile.open(path, "r:gz") as tar:
         members = {Path(m.name).name: m for m in tar.getmembers() if m.isfile()}
 
@@ -86,12 +98,45 @@ def read_image_zip(path: "str | os.PathLike", classes=CLASSES, cache_dir: "str |
     cache_dir = Path(cache_dir) if cache_dir else data_root() / "cache"
     cache = cache_dir / f"{path.stem}-{st.st_size}-{int(st.st_mtime)}.npz"
     if cache.is_file():
-        with np.load(cache) as z:
-            return ImageData(*(torch.from_numpy(z[k]) for k in ("train_x", "train_y", "test_x", "test_y")), classes=tuple(classes))
+        try:
+            with np.load(cache) as z:
+                return ImageData(*(torch.from_numpy(z[k]) for k in ("train_x", "train_y", "test_x", "test_y")),
+                                 classes=tuple(classes))
+        except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as e:
+            warnings.warn(f"the decoded cache {cache} is damaged ({type(e).__name__}: {e}); decoding {path.name} "
+                          "again and rewriting it")
     try:
         from PIL import Image
     except ImportError as e:
         raise ImportError("reading image archives needs Pillow: pip install 'hasten[vision]'") from e
+    try:
+        out = _decode_zip(path, classes, Image)
+    except zipfile.BadZipFile as e:
+        raise DataError(f"{path} is not a readable zip ({e}): the file is damaged or truncated; "
+                        "download or copy it again") from e
+    except OSError as e:   # Pillow's UnidentifiedImageError is an OSError too
+        raise DataError(f"{path}: {e}; the archive is damaged: download or copy it again") from e
+    cache.parent.mkdir(parents=True, exist_ok=True)
+    tmp = cache.with_suffix(".tmp.npz")
+    np.savez(tmp, train_x=out["train"][0], train_y=out["train"][1], test_x=out["test"][0], test_y=out["test"][1])
+    os.replace(tmp, cache)
+    return ImageData(torch.from_numpy(out["train"][0]), torch.from_numpy(out["train"][1]),
+                     torch.from_numpy(out["test"][0]), torch.from_numpy(out["test"][1]), classes=tuple(classes))
+
+
+def _decode(zf: zipfile.ZipFile, name: str, Image) -> np.ndarray:
+    try:
+        data = zf.read(name)   # checks the member's CRC
+    except zipfile.BadZipFile as e:
+        raise DataError(f"{zf.filename}: member {name} is damaged ({e}); download or copy the archive again") from e
+    try:
+        return np.asarray(Image.open(io.BytesIO(data)).convert("RGB"))
+    except OSError as e:
+        raise DataError(f"{zf.filename}: member {name} is not an image Pillow can decode ({e}); "
+                        "download or copy the archive again") from e
+
+
+def _decode_zip(path: Path, classes, Image) -> dict:
     index = {c: i for i, c in enumerate(classes)}
     splits = {"train": [], "test": []}
     with zipfile.ZipFile(path) as zf:
@@ -101,22 +146,17 @@ def read_image_zip(path: "str | os.PathLike", classes=CLASSES, cache_dir: "str |
                 continue
             split, cls, fname = parts[-3], parts[-2], parts[-1]
             if cls not in index:
-                raise ValueError(f"{path}: unknown class folder {cls!r} (expected one of {list(classes)})")
+                raise DataError(f"{path}: unknown class folder {cls!r} (expected one of {list(classes)})")
             splits[split].append((cls, fname, name))
         if not splits["train"] or not splits["test"]:
             raise DatasetNotFoundError(f"{path} has no train/<class>/ and test/<class>/ image folders")
         out = {}
         for split, items in splits.items():
             items.sort(key=lambda t: (t[1], t[0]) if split == "train" else (index[t[0]], t[1]))
-            xs = np.stack([np.asarray(Image.open(io.BytesIO(zf.read(n))).convert("RGB")) for _, _, n in items])
+            xs = np.stack([_decode(zf, n, Image) for _, _, n in items])
             ys = np.array([index[c] for c, _, _ in items], dtype=np.int64)
             out[split] = (xs, ys)
-    cache.parent.mkdir(parents=True, exist_ok=True)
-    tmp = cache.with_suffix(".tmp.npz")
-    np.savez(tmp, train_x=out["train"][0], train_y=out["train"][1], test_x=out["test"][0], test_y=out["test"][1])
-    os.replace(tmp, cache)
-    return ImageData(torch.from_numpy(out["train"][0]), torch.from_numpy(out["train"][1]),
-                     torch.from_numpy(out["test"][0]), torch.from_numpy(out["test"][1]), classes=tuple(classes))
+    return out
 
 
 def load_cifar10(path: "str | os.PathLike | None" = None, download_if_missing: bool = True,

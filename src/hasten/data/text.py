@@ -12,7 +12,9 @@ from pathlib import Path
 
 import torch
 
+from ..errors import DataError
 from ..utils import derive_seed
+from .download import DatasetNotFoundError
 
 PACKAGED = {"tinyshakespeare": "tinyshakespeare.txt"}
 
@@ -24,9 +26,17 @@ def load_text(source: str | None = "tinyshakespeare") -> str:
         return resources.files("hasten.data").joinpath(name).read_text(encoding="utf-8")
     path = Path(source).expanduser()
     if not path.is_file():
-        raise FileNotFoundError(f"text file {path} not found: give the path of a UTF-8 text file, "
-                                f"or one of the packaged corpora {sorted(PACKAGED)}")
-    return path.read_text(encoding="utf-8")
+        raise DatasetNotFoundError(f"text file {path} not found: give the path of a UTF-8 text file, "
+                                   f"or one of the packaged corpora {sorted(PACKAGED)}")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise DataError(f"{path} is not UTF-8 text ({e}); convert it to UTF-8") from e
+    except OSError as e:
+        raise DataError(f"cannot read {path}: {e.strerror or e}") from e
+    if not text:
+        raise DataError(f"{path} is empty: give a text file to train on")
+    return text
 
 
 class CharTokenizer:
@@ -73,7 +83,7 @@ def load_token_file(path, dtype: str = "uint16"):
     import numpy as np
     p = Path(path).expanduser()
     if not p.is_file():
-        raise FileNotFoundError(f"token file {p} not found: give a flat binary file of {dtype} token ids "
+        raise DatasetNotFoundError(f"token file {p} not found: give a flat binary file of {dtype} token ids "
                                 "(e.g. nanoGPT's data/openwebtext/prepare.py writes train.bin and val.bin)")
     return np.memmap(p, dtype=np.dtype(dtype), mode="r")
 

@@ -15,20 +15,22 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from ..schema import setting
+
 
 @dataclass
 class GPTConfig:
-    vocab_size: int = 65
-    block_size: int = 64
-    n_layer: int = 4
-    n_head: int = 4
-    n_embd: int = 128
-    dropout: float = 0.0
+    vocab_size: int = setting(65, ge=1)
+    block_size: int = setting(64, ge=1)
+    n_layer: int = setting(4, ge=1)
+    n_head: int = setting(4, ge=1)
+    n_embd: int = setting(128, ge=1)
+    dropout: float = setting(0.0, ge=0, lt=1)
     bias: bool = False
     pos: Literal["learned", "rope"] = "learned"
     qk_norm: bool = False
     mlp: Literal["gelu", "relu2"] = "gelu"
-    mlp_ratio: int = 4
+    mlp_ratio: int = setting(4, ge=1)
     tie_embeddings: bool = True
     zero_init_proj: bool = False
 

@@ -7,6 +7,8 @@ from dataclasses import dataclass, replace
 from typing import Literal, Optional
 
 from ..config import ConfigError, from_dict
+from ..errors import DataError
+from ..schema import setting
 from ..data.text import (ByteTokenizer, CharTokenizer, EvalWindows, RandomWindows, load_text, load_token_file,
                          split_tokens)
 from ..models.gpt import GPT, GPTConfig
@@ -20,12 +22,12 @@ class DataConfig:
     train_file: Optional[str] = None     # flat token-id files (tokenizer: none)
     val_file: Optional[str] = None
     token_dtype: str = "uint16"
-    eval_tokens: Optional[int] = None    # evaluate on the first N validation tokens (default: all)
-    block_size: int = 64
-    batch_size: int = 12
-    eval_block_size: Optional[int] = None  # default: block_size
-    eval_batch_size: int = 64
-    train_fraction: float = 0.9
+    eval_tokens: Optional[int] = setting(None, ge=1)  # evaluate on the first N validation tokens (default: all)
+    block_size: int = setting(64, ge=1)
+    batch_size: int = setting(12, ge=1)
+    eval_block_size: Optional[int] = setting(None, ge=1)  # default: block_size
+    eval_batch_size: int = setting(64, ge=1)
+    train_fraction: float = setting(0.9, gt=0, lt=1)
 
 
 @dataclass
@@ -55,6 +57,12 @@ def build(recipe) -> Built:
         val = val[:d.eval_tokens + 1]
     m: ModelConfig = recipe.model
     eval_block = d.eval_block_size or d.block_size
+    where = d.source if d.tokenizer != "none" else f"{d.train_file} / {d.val_file}"
+    for split, tokens, block, key in (("training", train, d.block_size, "data.block_size"),
+                                      ("validation", val, eval_block, "data.eval_block_size")):
+        if len(tokens) < block + 1:
+            raise DataError(f"{where}: the {split} split has {len(tokens)} tokens, too few for windows of "
+                            f"{block} ({key}); give more text or a smaller {key}")
     block = max(d.block_size, eval_block)
     if m.block_size < block:
         m = replace(m, block_size=block)

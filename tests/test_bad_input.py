@@ -1,0 +1,177 @@
+"""Bad input gets hasten's own one-line error, naming the problem and the fix: never a
+traceback. Unwritable folders and a full disk are injected (CI runs as root, where file
+modes do not block writes)."""
+import errno
+import io
+import zipfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from hasten import Trainer
+from hasten.cli import main
+from hasten.data.cifar import read_image_zip
+from hasten.errors import DataError, TrainingError
+
+from tiny import loader, mlp
+
+TINY = Path(__file__).parent / "helpers" / "tiny_lm.yaml"
+QUICK = ["trainer.max_duration=4ba", "trainer.eval_interval=4ba", "--no-progress"]
+
+
+def _one_line_error(capsys, code, expected_code, *needles):
+    err = capsys.readouterr().err.strip()
+    assert code == expected_code, err
+    assert len(err.splitlines()) == 1 and err.startswith("hasten: error: "), err
+    assert "Traceback" not in err
+    for n in needles:
+        assert n in err, (n, err)
+    return err
+
+
+@pytest.mark.parametrize("override, needles", [
+    ("optimizer.lr=-1", ["optimizer.lr", ">= 0"]),
+    ("trainer.grad_accum=0", ["trainer.grad_accum", ">= 1"]),
+    ("data.batch_size=0", ["data.batch_size", ">= 1"]),
+    ("trainer.device=gpu", ["trainer.device", "not a device"]),
+    ("model.dropout=1.5", ["model.dropout", "< 1"]),
+    ("optimizer.betas=[0.9,1.5]", ["optimizer.betas"]),
+    ("trainer.eval_interval=ten", ["trainer.eval_interval", "cannot read"]),
+    ("algorithms.ema.decay=2", ["algorithms.ema", "decay"]),
+])
+def test_out_of_range_settings_are_one_line_errors_before_anything_is_built(tmp_path, capsys, override, needles):
+    code = main(["train", str(TINY), f"trainer.run_dir={tmp_path / 'run'}"] + QUICK + [override])
+    _one_line_error(capsys, code, 2, *needles)
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_bad_base_and_a_relative_base(tmp_path, capsys):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("base: 5\n")
+    _one_line_error(capsys, main(["train", str(bad), "--print-config"]), 2, "base: 5")
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "parent.yaml").write_text(TINY.read_text().replace("base: shakespeare-char-baseline",
+                                                                           "base: shakespeare-char-baseline\n"
+                                                                           "description: parent"))
+    child = tmp_path / "sub" / "child.yaml"
+    child.write_text("base: parent.yaml\noptimizer: {lr: 0.005}\n")
+    assert main(["train", str(child), "--print-config"]) == 0   # resolved beside child.yaml, not in the cwd
+    assert "lr: 0.005" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("content, needle", [(b"", "is empty"), (b"ab", "too few"), (b"\xff\xfe\x00x" * 50, "not UTF-8")])
+def test_bad_text_files(tmp_path, capsys, content, needle):
+    f = tmp_path / "text.txt"
+    f.write_bytes(content)
+    code = main(["train", str(TINY), f"data.source={f}", f"trainer.run_dir={tmp_path / 'run'}"] + QUICK)
+    _one_line_error(capsys, code, 1, needle)
+    assert not (tmp_path / "run").exists()   # a run that never started leaves no folder
+
+
+def test_autoresume_without_a_run_folder_says_so(capsys):
+    _one_line_error(capsys, main(["train", str(TINY), "trainer.autoresume=true"] + QUICK), 2, "trainer.run_dir")
+
+
+def test_an_unwritable_run_folder_is_found_before_training(tmp_path, capsys, monkeypatch):
+    import hasten.files as files
+
+    def denied(*a, **k):
+        raise PermissionError(errno.EACCES, "Permission denied")
+
+    monkeypatch.setattr(files.tempfile, "mkstemp", denied)
+    code = main(["train", str(TINY), f"trainer.run_dir={tmp_path / 'run'}"] + QUICK)
+    _one_line_error(capsys, code, 1, "no permission", "run folder")
+
+
+def test_an_unwritable_checkpoint_folder_is_found_at_fit_start(tmp_path, monkeypatch):
+    import hasten.files as files
+    from hasten.errors import RunFolderError
+    steps = []
+    tr = Trainer(mlp(), loader(), max_duration="4ba", device="cpu", save_folder=str(tmp_path / "ck"))
+    monkeypatch.setattr(files.tempfile, "mkstemp", lambda *a, **k: (_ for _ in ()).throw(
+        PermissionError(errno.EACCES, "Permission denied")))
+    monkeypatch.setattr(tr.state.model, "forward", lambda x: steps.append(1))
+    with pytest.raises(RunFolderError, match="no permission .*checkpoint folder"):
+        tr.fit()
+    assert steps == []   # no training time was spent
+
+
+def test_an_unexpected_error_is_one_line_and_debug_shows_the_traceback(tmp_path, capsys, monkeypatch):
+    import hasten.build as build
+    monkeypatch.setattr(build, "build_algorithms", lambda r: (_ for _ in ()).throw(KeyError("boom")))
+    err = _one_line_error(capsys, main(["train", str(TINY), f"trainer.run_dir={tmp_path / 'r'}"] + QUICK), 1)
+    assert "--debug" in err
+    with pytest.raises(KeyError):
+        main(["--debug", "train", str(TINY), f"trainer.run_dir={tmp_path / 'r2'}"] + QUICK)
+
+
+# ---------------------------------------------------------------------------- the loss
+@pytest.mark.parametrize("loss_fn, needle", [
+    (lambda o, t: {"loss": o.sum()}, "returned a dict"),
+    (lambda o, t: 1.0, "returned a float"),
+    (lambda o, t: torch.nn.functional.cross_entropy(o, t[:3]), "failed on the model's outputs"),
+])
+def test_a_loss_that_returns_no_tensor_or_does_not_fit(loss_fn, needle):
+    for evaluate in (False, True):
+        tr = Trainer(mlp(), loader(), loss_fn=loss_fn, max_duration="2ba", device="cpu", eval_dataloader=loader())
+        with pytest.raises(TrainingError, match=needle):
+            tr.evaluate() if evaluate else tr.fit()
+
+
+def test_outputs_that_do_not_fit_the_default_loss():
+    with pytest.raises(TrainingError, match=r"outputs \(a tensor of shape \(8, 3\).*targets"):
+        Trainer(mlp(d_out=3), loader(), max_duration="2ba", device="cpu").fit()
+
+
+# ---------------------------------------------------------------------------- image archives
+def _png(color):
+    from PIL import Image
+    buf = io.BytesIO()
+    Image.new("RGB", (32, 32), color).save(buf, format="PNG")
+    return buf.getvalue()
+
+
+def _zip(path, broken_member: bytes | None = None):
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_STORED) as zf:
+        for split in ("train", "test"):
+            for i, cls in enumerate(("airplane", "automobile")):
+                data = broken_member if (broken_member is not None and split == "test" and i == 1) else _png((i * 90, 0, 0))
+                zf.writestr(f"{split}/{cls}/{i:05d}.png", data)
+    return path
+
+
+def test_a_truncated_zip(tmp_path):
+    z = _zip(tmp_path / "d.zip")
+    z.write_bytes(z.read_bytes()[:200])
+    with pytest.raises(DataError, match="not a readable zip"):
+        read_image_zip(z, cache_dir=tmp_path / "cache")
+
+
+def test_a_zip_member_with_a_bad_crc(tmp_path):
+    z = _zip(tmp_path / "d.zip")
+    data = bytearray(z.read_bytes())
+    at = data.find(b"IDAT") + 8   # flip a byte inside the first image's pixels
+    data[at] ^= 0xFF
+    z.write_bytes(bytes(data))
+    with pytest.raises(DataError, match="is damaged"):
+        read_image_zip(z, cache_dir=tmp_path / "cache")
+
+
+def test_an_undecodable_image(tmp_path):
+    z = _zip(tmp_path / "d.zip", broken_member=b"this is no image")
+    with pytest.raises(DataError, match="test/automobile/00001.png is not an image"):
+        read_image_zip(z, cache_dir=tmp_path / "cache")
+
+
+def test_a_damaged_cache_is_rebuilt(tmp_path):
+    z = _zip(tmp_path / "d.zip")
+    first = read_image_zip(z, cache_dir=tmp_path / "cache")
+    (cache,) = (tmp_path / "cache").glob("*.npz")
+    cache.write_bytes(cache.read_bytes()[:100])
+    with pytest.warns(UserWarning, match="damaged"):
+        again = read_image_zip(z, cache_dir=tmp_path / "cache")
+    assert torch.equal(first.train_x, again.train_x)
+    with np.load(cache) as ok:   # rewritten whole
+        assert ok["train_x"].shape == tuple(first.train_x.shape)
