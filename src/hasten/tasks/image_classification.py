@@ -10,9 +10,9 @@ from dataclasses import dataclass
 from typing import Literal, Optional
 
 import torch
-import torchmetrics
 
 from ..config import ConfigError, _suggest, signature_config
+from ..schema import setting
 from ..data.cifar import MEAN, STD, load_cifar10
 from ..data.device import DeviceLoader
 from ..data.loaders import TensorPairs, make_dataloader
@@ -27,19 +27,19 @@ from .base import Built
 class DataConfig:
     dataset: Literal["cifar10", "imagefolder"] = "cifar10"
     path: Optional[str] = None            # cifar10: official archive/folder or image-folder zip; imagefolder: root
-    image_size: int = 224                 # imagefolder: training crop and evaluation size
-    eval_resize: int = 256                # imagefolder: shorter side before the central crop
+    image_size: int = setting(224, ge=1)  # imagefolder: training crop and evaluation size
+    eval_resize: int = setting(256, ge=1)  # imagefolder: shorter side before the central crop
     train_split: str = "train"            # imagefolder: sub-folder names
     eval_split: str = "val"
     loader: Literal["dataloader", "device"] = "dataloader"
-    batch_size: int = 512
-    eval_batch_size: int = 1000
-    num_workers: Optional[int] = None     # dataloader only; default: cores - 1
-    pad: int = 4                          # random crop / translate by up to `pad` pixels (0: none)
+    batch_size: int = setting(512, ge=1)
+    eval_batch_size: int = setting(1000, ge=1)
+    num_workers: Optional[int] = setting(None, ge=0)  # dataloader only; default: cores - 1
+    pad: int = setting(4, ge=0)  # random crop / translate by up to `pad` pixels (0: none)
     pad_mode: Literal["constant", "reflect"] = "constant"   # the device loader always reflects
     flip: bool = True
     alternate_flip: bool = False          # device loader: flip each image in alternate epochs
-    cutout: int = 0                       # device loader: side of the zeroed square (0: none)
+    cutout: int = setting(0, ge=0)  # device loader: side of the zeroed square (0: none)
     channels_last: bool = False           # device loader: batches in channels-last memory format
     drop_last: bool = False
 
@@ -52,6 +52,12 @@ def model_config(raw: dict) -> dict:
                           + (_suggest(str(name), MODELS) if name else ""))
     ctor = MODELS[name]
     return {"name": name, **signature_config(ctor.__init__ if isinstance(ctor, type) else ctor, raw, "model")}
+
+
+def _accuracy(classes: int):
+    """Top-1 accuracy; torchmetrics is imported here, not at start-up (it takes seconds to import)."""
+    from torchmetrics.classification import MulticlassAccuracy
+    return MulticlassAccuracy(classes, average="micro")
 
 
 def _device_loaders(d: DataConfig, data, seed: int, device):
@@ -84,7 +90,7 @@ def _build_imagefolder(recipe) -> Built:
     flops = training_flops_per_sample(model, torch.zeros(1, 3, d.image_size, d.image_size))
     n = len(train_set.classes)
     return Built(model=model, train_dataloader=train, eval_dataloader=test,
-                 metrics={"acc": torchmetrics.classification.MulticlassAccuracy(n, average="micro")},
+                 metrics={"acc": _accuracy(n)},
                  flops_per_sample=flops,
                  info={"train_images": len(train_set), "eval_images": len(eval_set), "classes": n,
                        "params": sum(p.numel() for p in model.parameters())})
@@ -110,7 +116,7 @@ def build(recipe) -> Built:
                                transform=Normalize(MEAN, STD), num_workers=d.num_workers)
     flops = training_flops_per_sample(model, torch.zeros(1, 3, *data.train_x.shape[1:3]))
     return Built(model=model, train_dataloader=train, eval_dataloader=test,
-                 metrics={"acc": torchmetrics.classification.MulticlassAccuracy(len(data.classes), average="micro")},
+                 metrics={"acc": _accuracy(len(data.classes))},
                  flops_per_sample=flops,
                  info={"train_images": len(data.train_x), "test_images": len(data.test_x),
                        "params": sum(p.numel() for p in model.parameters())})
