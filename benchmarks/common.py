@@ -25,12 +25,22 @@ def git_commit() -> str | None:
         return None
 
 
+def git_dirty() -> bool | None:
+    """Whether tracked files differ from the commit (results then come from uncommitted code)."""
+    try:
+        r = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True,
+                           cwd=Path(__file__).parent)
+    except OSError:
+        return None
+    return bool(r.stdout.strip()) if r.returncode == 0 else None
+
+
 def write_results(name: str, data: dict, markdown: str) -> tuple[Path, Path]:
     RESULTS.mkdir(parents=True, exist_ok=True)
     data = {"benchmark": name, "command": "python " + " ".join(sys.argv), "commit": git_commit(),
-            "machine": machine(), **data}
+            "dirty": git_dirty(), "machine": machine(), **data}
     j, m = RESULTS / f"{name}.json", RESULTS / f"{name}.md"
     j.write_text(json.dumps(data, indent=2) + "\n")
-    m.write_text(markdown.rstrip() + f"\n\nCommand: `{data['command']}` (commit {data['commit']}); "
+    m.write_text(markdown.rstrip() + f"\n\nCommand: `{data['command']}` (commit {data['commit']}{', with uncommitted changes' if data['dirty'] else ''}); "
                  f"machine: {data['machine']['cpu']}, {data['machine']['cores']} cores, torch {data['machine']['torch']}.\n")
     return j, m

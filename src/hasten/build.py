@@ -112,7 +112,7 @@ def build_run(recipe: Recipe, progress_bar: bool | None = None, console_logger: 
     configure_host_allocator(t.host_allocator, device.type)   # before the data is loaded
     algorithms = build_algorithms(recipe)
     run_dir = Path(t.run_dir) if t.run_dir else default_run_dir(recipe)
-    created = not run_dir.exists()
+    created = [p for p in (run_dir, *run_dir.parents) if not p.exists()]   # the folders this run makes, deepest first
     lock = FolderLock(ensure_writable_dir(run_dir, "run folder"), "run folder").acquire()
     try:
         changes = check_run_folder(recipe, run_dir, force)
@@ -124,10 +124,11 @@ def build_run(recipe: Recipe, progress_bar: bool | None = None, console_logger: 
         lock.release()
         if created:   # a run that never started leaves no folder behind: only its own lock file was in it
             (run_dir / LOCK_NAME).unlink(missing_ok=True)
-            try:
-                run_dir.rmdir()
-            except OSError:
-                pass   # something else is in it now: leave it
+            for folder in created:
+                try:
+                    folder.rmdir()
+                except OSError:
+                    break   # something else is in it now: leave it
         raise
     return Run(recipe=recipe, trainer=trainer, built=built, run_dir=run_dir, lock=lock)
 

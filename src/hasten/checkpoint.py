@@ -51,12 +51,16 @@ class CheckpointIO:
             payload = torch.load(path, map_location="cpu", weights_only=True)
         except Exception as e:
             raise CheckpointError(
-                f"cannot read checkpoint {path}: {type(e).__name__}: {e}. The file is corrupt, "
+                f"cannot read checkpoint {path}: {type(e).__name__}: {_first_line(e)}. The file is corrupt, "
                 "truncated or not a hasten checkpoint; objects that would need code to be run "
                 "are refused. Load an earlier checkpoint from the same folder.") from e
         if not isinstance(payload, dict) or payload.get("format") != FORMAT or "meta" not in payload:
             raise CheckpointError(f"{path} is not a hasten checkpoint (format {FORMAT})")
         return payload
+
+
+def _first_line(e: Exception) -> str:
+    return next((ln.strip() for ln in str(e).splitlines() if ln.strip()), "").rstrip(".")
 
 
 # ---------------------------------------------------------------------------- capture / restore

@@ -1,4 +1,9 @@
-"""The command line: hasten train | recipes | --version."""
+"""The command line: hasten train [--resume RUN_DIR] | bench | recipes | --version.
+
+Every error a user can cause is printed as one line (`hasten: error: ...`) with exit code 2
+for a wrong recipe or argument and 1 for other faults; `--debug` or HASTEN_DEBUG=1 shows
+the traceback instead.
+"""
 from __future__ import annotations
 
 import argparse
@@ -125,11 +130,11 @@ def _cmd_bench(args) -> int:
     target = Target.parse(args.target)
     got = {}
 
-    def on_term(signum, frame):   # SIGTERM stops the bench as Ctrl-C does
+    def on_signal(signum, frame):   # SIGTERM stops the bench as Ctrl-C does
         got["signal"] = signum
         raise KeyboardInterrupt
 
-    old_term = signal.signal(signal.SIGTERM, on_term)
+    old = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         if args.ladder:
             runs, out_dir = _bench_ladder(args, steps, specs_text, target, seeds, command, console)
@@ -148,7 +153,8 @@ def _cmd_bench(args) -> int:
                       f"Continue with the same command: {command}")
         return 128 + signum
     finally:
-        signal.signal(signal.SIGTERM, old_term)
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
     from .bench.runner import outcome
     from .bench.report import latest_per_run
     failed = [r for r in latest_per_run(runs) if outcome(r) == "failed"]
@@ -221,6 +227,10 @@ def make_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _one_line(e: BaseException) -> str:
+    return " ".join(str(e).split())
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = make_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -248,7 +258,7 @@ def main(argv: list[str] | None = None) -> int:
     except HastenError as e:
         if debug:
             raise
-        print(f"hasten: error: {e}", file=sys.stderr)
+        print(f"hasten: error: {_one_line(e)}", file=sys.stderr)
         return 2 if isinstance(e, ConfigError) else 1
     except KeyboardInterrupt:
         if debug:
@@ -258,7 +268,7 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as e:   # not a user mistake we know of: still one line, the traceback on request
         if debug:
             raise
-        print(f"hasten: error: {type(e).__name__}: {e} (run again with --debug for the traceback; "
+        print(f"hasten: error: {type(e).__name__}: {_one_line(e)} (run again with --debug for the traceback; "
               "if it looks like a bug in hasten, please report it with that traceback)", file=sys.stderr)
         return 1
 

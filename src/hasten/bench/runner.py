@@ -127,7 +127,8 @@ def outcome(record: dict) -> str:
 
 
 def _stop_worker(proc: subprocess.Popen, grace_s: float = GRACE_S) -> None:
-    """SIGTERM to the worker's whole session, SIGKILL after `grace_s`; wait for it."""
+    """SIGTERM to the worker's whole session, SIGKILL after `grace_s` (or at a second Ctrl-C);
+    wait for it."""
     for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, None)):
         try:
             os.killpg(proc.pid, sig)
@@ -136,7 +137,7 @@ def _stop_worker(proc: subprocess.Popen, grace_s: float = GRACE_S) -> None:
         try:
             proc.wait(timeout=wait)
             break
-        except subprocess.TimeoutExpired:
+        except (subprocess.TimeoutExpired, KeyboardInterrupt):
             continue
     proc.wait()
 
