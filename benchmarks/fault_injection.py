@@ -384,7 +384,7 @@ def p_loss_shape(d: Path):
         import torch
         from hasten import Trainer
         from torch.utils.data import DataLoader, TensorDataset
-        dl = DataLoader(TensorDataset(torch.randn(16, 8), torch.randint(0, 4, (16,))), batch_size=8)
+        dl = DataLoader(TensorDataset(torch.randn(16, 8), torch.arange(16) % 4), batch_size=8)   # 4 classes
         try:
             Trainer(torch.nn.Linear(8, 3), dl, max_duration="1ba", device="cpu").fit()
         except Exception as e:
