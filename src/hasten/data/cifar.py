@@ -132,7 +132,8 @@ def _decode(zf: zipfile.ZipFile, name: str, Image) -> np.ndarray:
     try:
         return np.asarray(Image.open(io.BytesIO(data)).convert("RGB"))
     except OSError as e:
-        raise DataError(f"{zf.filename}: member {name} is not an image Pillow can decode ({e}); "
+        why = "unknown image format" if type(e).__name__ == "UnidentifiedImageError" else str(e)
+        raise DataError(f"{zf.filename}: member {name} is not an image Pillow can decode ({why}); "
                         "download or copy the archive again") from e
 
 
