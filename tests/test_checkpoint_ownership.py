@@ -191,3 +191,26 @@ def test_folder_lock_is_reentrant_per_object_and_released(tmp_path):
         FolderLock(tmp_path).acquire()
     a.release()
     FolderLock(tmp_path).acquire().release()
+
+
+def test_sharded_checkpoint_folders_follow_the_same_rules(tmp_path):
+    from hasten.callbacks.checkpoint import remove_owned
+    ours = tmp_path / "ep0-ba1.dcp"
+    ours.mkdir()
+    (ours / ".metadata").write_text("x")
+    outside = tmp_path.parent / f"{tmp_path.name}-outside"
+    outside.mkdir()
+    (outside / "shard").write_text("not hasten's")
+    (tmp_path / "ep0-ba2.dcp").symlink_to(outside, target_is_directory=True)
+    assert remove_owned(tmp_path, "ep0-ba1.dcp") and not ours.exists()
+    assert not remove_owned(tmp_path, "ep0-ba2.dcp")          # a link: neither it nor its target
+    assert (outside / "shard").read_text() == "not hasten's"
+    assert not remove_owned(tmp_path, "../x.dcp") and not remove_owned(tmp_path, "notes.dcp")
+    torn = tmp_path / ".ep0-ba3.dcp.k2j1.tmp"               # a sharded save killed half-way
+    torn.mkdir()
+    (torn / "shard").write_text("torn")
+    _train(tmp_path / "run", 2)   # another folder: untouched
+    assert torn.exists()
+    shutil.move(str(torn), tmp_path / "run" / torn.name)
+    _train(tmp_path / "run", 4, autoresume=True)
+    assert not (tmp_path / "run" / torn.name).exists()

@@ -133,3 +133,18 @@ def test_a_checkpoint_of_another_optimizer_is_refused_naming_both(tmp_path):
     with pytest.raises(CheckpointError, match="optimizer 0 is AdamW, this run's is Adam"):
         Trainer(mlp(), loader(), device="cpu", load_path=tr.state.last_checkpoint,
                 optimizers=lambda m: torch.optim.Adam(m.parameters()))
+
+
+def test_ctrl_c_to_the_whole_group_saves_even_when_loader_workers_die_of_it(tmp_path):
+    import os
+    job = Path(__file__).parent / "helpers" / "ctrl_c_job.py"
+    proc = subprocess.Popen([sys.executable, str(job), str(tmp_path)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)
+    assert proc.stdout.readline().strip() == "started"
+    time.sleep(3)
+    os.killpg(proc.pid, signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    assert "Ctrl-C received: checkpoint written" in out
+    reason, batch = out.splitlines()[-1].split()[1:3]
+    assert reason == "sigint" and (tmp_path / f"ep0-ba{batch}.pt").is_file()
