@@ -24,7 +24,7 @@ from .algorithms.channels_last import apply_channels_last
 from .algorithms.chunked_ce import chunked_cross_entropy
 from .algorithms.ema import ema_update
 from .algorithms.infobatch import InfoBatchPruner, infobatch_plan
-from .algorithms.label_smoothing import smooth_labels, smoothed_cross_entropy
+from .algorithms.label_smoothing import smooth_labels, smoothed_cross_entropy, uniform_cross_entropy
 from .algorithms.patch_whitening import fit_patch_whitening, patch_covariance
 from .algorithms.proxy_selection import proxy_select
 from .algorithms.selective_backprop import select_hardest

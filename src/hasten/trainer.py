@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import os
 import signal
 import sys
 import threading
@@ -19,7 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from .allocator import configure_host_allocator
-from .checkpoint import CheckpointIO, checkpoint_name, load_latest, restore, save
+from .checkpoint import CheckpointIO, load_latest, restore, save
 from .core import Engine, Event, Interval, State, Time, TimeUnit
 from .data.resumable import epoch_iterator
 from .errors import TrainingError
@@ -255,9 +254,14 @@ class Trainer:
             step = algo.wrap_step(step)
         self._step = step
         self._step_wrapped = step != self._forward_backward
-        # The fused mean needs the default loss, which algorithms may swap at any event (label
-        # smoothing and MixUp do at FIT_START), so the step checks `state.loss_fn` each time.
-        self._fused_mean = state.grad_accum == 1 and Event.AFTER_LOSS not in self.engine.active
+        # the training loss: the task's loss wrapped by every algorithm, built once (the loss seam)
+        train_loss = state.loss_fn
+        for algo in state.algorithms:
+            train_loss = algo.wrap_loss(train_loss)
+        state.train_loss_fn = train_loss
+        # the default loss with nobody reading per-sample losses: the mean inside the loss kernel
+        self._fused_mean = (state.grad_accum == 1 and Event.AFTER_LOSS not in self.engine.active
+                            and train_loss is default_loss)
         state.steps_per_epoch = len(loader) if hasattr(loader, "__len__") else None
         for interval in (self.eval_interval, self.log_interval):
             interval.start(state.timestamp, state.progress)
@@ -386,12 +390,12 @@ class Trainer:
             self._apply_schedules()
             inputs, targets = batch_fn(batch)
             n_samples = batch[0].shape[0] if type(batch) is tuple or type(batch) is list else batch_size(batch)
-            fused = state.loss_fn is default_loss   # nobody needs per-sample losses
+            fused = self._fused_mean   # nobody needs per-sample losses
             with autocast:
                 state.outputs = out = (state.forward_model(**inputs) if isinstance(inputs, dict)
                                        else state.forward_model(inputs))
                 try:
-                    loss = default_loss(out, targets, reduction="mean") if fused else state.loss_fn(out, targets)
+                    loss = default_loss(out, targets, reduction="mean") if fused else state.train_loss_fn(out, targets)
                 except _LOSS_FAULTS as e:
                     raise loss_fault(e, out, targets) from e
             if not fused:
@@ -430,10 +434,10 @@ class Trainer:
         run(BEFORE_LOSS)
         with autocast():
             try:
-                if self._fused_mean and state.loss_fn is default_loss:   # nobody needs per-sample losses
+                if self._fused_mean:   # nobody needs per-sample losses
                     state.loss = default_loss(state.outputs, targets, reduction="mean")
                 else:
-                    state.loss = state.loss_fn(state.outputs, targets)
+                    state.loss = state.train_loss_fn(state.outputs, targets)
             except _LOSS_FAULTS as e:
                 raise loss_fault(e, state.outputs, targets) from e
         if not isinstance(state.loss, torch.Tensor):

@@ -84,4 +84,5 @@ class ChunkedCrossEntropy(Algorithm):
 
         def loss_fn(hidden, targets):
             return chunked_cross_entropy(hidden, head.weight, targets, self.chunk_size)
+        loss_fn.takes_hidden = True   # the model's outputs are hidden states: wrappers that need logits refuse
         state.loss_fn = loss_fn

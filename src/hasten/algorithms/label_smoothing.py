@@ -1,16 +1,23 @@
 """Label smoothing: train against (1 - a) * one-hot + a / K instead of the one-hot target.
 
 Functional form: `smoothed_cross_entropy(logits, targets, smoothing)` gives per-sample
-losses; `smooth_labels(targets, num_classes, smoothing)` the soft targets. The Algorithm
-replaces the training loss for the whole fit and restores the plain loss for evaluation, so
-validation losses stay comparable with runs that do not smooth.
+losses; `smooth_labels(targets, num_classes, smoothing)` the soft targets;
+`uniform_cross_entropy(logits)` the cross-entropy against the uniform target.
+
+The Algorithm wraps the training loss (the loss seam): `(1 - a) * loss(outputs, targets) +
+a * uniform_cross_entropy(outputs)`. With cross-entropy as the loss this is exactly the
+smoothed cross-entropy; with a loss of your own it adds the same uniform-target term. The
+term does not depend on the targets, so the wrapper composes in either order with methods
+that mix targets (MixUp, CutMix). Evaluation uses the plain loss, so validation losses stay
+comparable with runs that do not smooth. It needs logits: with ChunkedCrossEntropy, whose
+loss never forms them, it is refused at the start of fit.
 """
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 
-from ..core import Algorithm, Event
+from ..core import Algorithm
 
 
 def smooth_labels(targets: torch.Tensor, num_classes: int, smoothing: float) -> torch.Tensor:
@@ -28,23 +35,31 @@ def smoothed_cross_entropy(logits: torch.Tensor, targets: torch.Tensor, smoothin
     return (1.0 - smoothing) * nll - smoothing * logp.mean(-1)
 
 
+def uniform_cross_entropy(logits: torch.Tensor) -> torch.Tensor:
+    """Per-sample (per-token, flattened for (B, T, V) logits) cross-entropy against the
+    uniform distribution over classes: -mean_k log softmax(logits)_k."""
+    if logits.dim() > 2:
+        logits = logits.flatten(0, -2)
+    return -F.log_softmax(logits.float(), dim=-1).mean(-1)
+
+
 class LabelSmoothing(Algorithm):
-    events = (Event.FIT_START, Event.EVAL_START, Event.EVAL_END, Event.FIT_END)
+    events = ()   # it acts through the loss seam only
 
     def __init__(self, smoothing: float = 0.1):
         if not 0.0 <= smoothing < 1.0:
             raise ValueError(f"smoothing must lie in [0, 1), got {smoothing}")
         self.smoothing = smoothing
-        self._plain = None
 
-    def _smoothed(self, outputs, targets):
-        if outputs.dim() > 2:   # (B, T, V) language-model logits: per-token losses
-            return smoothed_cross_entropy(outputs.flatten(0, -2), targets.flatten(), self.smoothing)
-        return smoothed_cross_entropy(outputs, targets, self.smoothing)
+    def wrap_loss(self, loss_fn):
+        if getattr(loss_fn, "takes_hidden", False):
+            raise ValueError("LabelSmoothing needs the model's logits, and ChunkedCrossEntropy's loss never forms "
+                             "them: use one of the two")
+        a = self.smoothing
 
-    def apply(self, event, state, logger):
-        if event in (Event.FIT_START, Event.EVAL_END) and self._plain is None:
-            self._plain = state.loss_fn
-            state.loss_fn = self._smoothed
-        elif event in (Event.EVAL_START, Event.FIT_END) and self._plain is not None:
-            state.loss_fn, self._plain = self._plain, None
+        def smoothed(outputs, targets):
+            inner = loss_fn(outputs, targets)
+            uniform = uniform_cross_entropy(outputs)
+            return (1.0 - a) * inner + a * (uniform if inner.dim() else uniform.mean())
+        smoothed.mixed_by = getattr(loss_fn, "mixed_by", None)   # a mixer wrapped inside stays known
+        return smoothed

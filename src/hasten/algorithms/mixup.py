@@ -6,7 +6,11 @@ Each batch is mixed with a permutation of itself: `x = lam * x + (1 - lam) * x[p
 seeded by (seed, batch), so runs are reproducible and resume exactly.
 
 Functional form: `mixup_batch(x, y, lam, perm)` and `mixed_loss(loss_fn, out, y, y_perm, lam)`.
-The Algorithm mixes at AFTER_DATALOADER and wraps the training loss.
+The Algorithm mixes at AFTER_DATALOADER and wraps the training loss (the loss seam): the
+wrapper is linear in the inner loss, so it composes with label smoothing in either order.
+Evaluation uses the plain loss. MixUp and CutMix together are refused at the start of fit
+(mixing a mixed batch needs both permutations' targets). Inputs must be floating point (images, features): token ids
+cannot be mixed, and such a batch is refused.
 """
 from __future__ import annotations
 
@@ -29,13 +33,12 @@ def mixed_loss(loss_fn, outputs, y_a, y_b, lam: float):
 class _MixAlgorithm(Algorithm):
     """Shared plumbing: draw (lam, perm), change the batch, wrap the loss while training."""
 
-    events = (Event.FIT_START, Event.AFTER_DATALOADER, Event.EVAL_START, Event.EVAL_END, Event.FIT_END)
+    events = (Event.AFTER_DATALOADER,)
 
     def __init__(self, alpha: float = 0.2, prob: float = 1.0):
         if alpha <= 0 or not 0.0 <= prob <= 1.0:
             raise ValueError(f"need alpha > 0 and 0 <= prob <= 1, got alpha={alpha}, prob={prob}")
         self.alpha, self.prob = alpha, prob
-        self._plain = None
         self._mix = None   # (y_b, lam) of the current batch
 
     def _draw(self, state, n):
@@ -50,20 +53,27 @@ class _MixAlgorithm(Algorithm):
         """Return the mixed inputs and the weight of the original labels."""
         raise NotImplementedError
 
-    def _loss(self, outputs, targets):
-        if self._mix is None:
-            return self._plain(outputs, targets)
-        y_b, lam = self._mix
-        return mixed_loss(self._plain, outputs, targets, y_b, lam)
+    def wrap_loss(self, loss_fn):
+        other = getattr(loss_fn, "mixed_by", None)
+        if other:
+            raise ValueError(f"{other} and {self.name} both mix the batch, and mixing a mixed batch needs the "
+                             "targets of both permutations: use one of the two")
+
+        def mixed(outputs, targets):
+            if self._mix is None:
+                return loss_fn(outputs, targets)
+            y_b, lam = self._mix
+            return mixed_loss(loss_fn, outputs, targets, y_b, lam)
+        mixed.mixed_by = self.name
+        return mixed
 
     def apply(self, event, state, logger):
-        if event in (Event.FIT_START, Event.EVAL_END) and self._plain is None:
-            self._plain, state.loss_fn = state.loss_fn, self._loss
-        elif event in (Event.EVAL_START, Event.FIT_END) and self._plain is not None:
-            state.loss_fn, self._plain = self._plain, None
-        elif event == Event.AFTER_DATALOADER:
+        if event == Event.AFTER_DATALOADER:
             batch = state.batch
             x, y = batch[0], batch[1]
+            if not x.is_floating_point():
+                raise ValueError(f"{self.name} mixes inputs, and these are {str(x.dtype).replace('torch.', '')} "
+                                 "(token ids?): use it on images or features")
             use, lam, perm, rng = self._draw(state, x.shape[0])
             if not use:
                 self._mix = None

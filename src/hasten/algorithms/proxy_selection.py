@@ -77,7 +77,8 @@ class ProxySelection(Algorithm):
             inputs, targets = state.batch_fn(batch)
             if batch_size(batch) != targets.shape[0]:
                 raise ValueError("proxy selection needs one target per sample")
-            idx = proxy_select(self.proxy, self.optimizer, inputs, targets, state.loss_fn, self.keep, state.autocast)
+            idx = proxy_select(self.proxy, self.optimizer, inputs, targets, state.train_loss_fn or state.loss_fn,
+                                self.keep, state.autocast)
             state.batch = index_batch(batch, idx)
             try:
                 step(state)

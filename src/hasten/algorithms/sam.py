@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from ..core import Algorithm, Event
+from ..core import Algorithm
 
 
 @torch.no_grad()
@@ -32,15 +32,12 @@ def sam_restore(params: list[torch.Tensor], e: list[torch.Tensor]) -> None:
 
 
 class SAM(Algorithm):
-    events = (Event.FIT_START,)   # acts through the step seam
+    events = ()   # it acts through the step seam only
 
     def __init__(self, rho: float = 0.05, interval: int = 1):
         if rho <= 0 or interval < 1:
             raise ValueError(f"need rho > 0 and interval >= 1, got rho={rho}, interval={interval}")
         self.rho, self.interval = rho, int(interval)
-
-    def apply(self, event, state, logger):
-        pass
 
     def wrap_step(self, step):
         def sam_step(state):

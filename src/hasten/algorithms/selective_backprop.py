@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from ..core import Algorithm, Event, Time
+from ..core import Algorithm, Time
 from ..utils import batch_size, index_batch
 
 
@@ -29,7 +29,7 @@ def per_sample_losses(model, state, batch) -> torch.Tensor:
     inputs, targets = state.batch_fn(batch)
     with torch.no_grad(), state.autocast():
         outputs = model(**inputs) if isinstance(inputs, dict) else model(inputs)
-        losses = state.loss_fn(outputs, targets)
+        losses = (state.train_loss_fn or state.loss_fn)(outputs, targets)
     n = batch_size(batch)
     if losses.dim() == 0 or losses.numel() % n:
         raise ValueError("selection needs per-sample (or per-token) losses from loss_fn; got a scalar")
@@ -37,15 +37,12 @@ def per_sample_losses(model, state, batch) -> torch.Tensor:
 
 
 class SelectiveBackprop(Algorithm):
-    events = (Event.FIT_START,)   # it acts through the step seam only
+    events = ()   # it acts through the step seam only
 
     def __init__(self, keep: float = 0.5, start: str = "0dur", end: str = "1dur", interrupt: int = 0):
         if not 0.0 < keep <= 1.0:
             raise ValueError(f"keep must lie in (0, 1], got {keep}")
         self.keep, self.start, self.end, self.interrupt = keep, Time.parse(start), Time.parse(end), int(interrupt)
-
-    def apply(self, event, state, logger):
-        pass
 
     def active(self, state) -> bool:
         p = state.progress

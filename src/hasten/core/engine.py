@@ -20,7 +20,7 @@ class Engine:
         """Recompute the dispatch table (call after changing state.algorithms or callbacks)."""
         table = {}
         for event in Event:
-            algos = [a for a in self.state.algorithms if not a.events or event in a.events]
+            algos = [a for a in self.state.algorithms if event in a.events]   # no events: called on none
             if event.is_after:
                 algos.reverse()
             cbs = [getattr(cb, event.value) for cb in self.state.callbacks

@@ -20,7 +20,8 @@ class State:
     precision: str = "fp32"
     optimizers: list = field(default_factory=list)
     schedulers: list = field(default_factory=list)
-    loss_fn: Callable | None = None
+    loss_fn: Callable | None = None      # the task's loss: evaluation uses it as it is
+    train_loss_fn: Callable | None = None   # the task's loss wrapped by the algorithms (Algorithm.wrap_loss), set by fit
     train_dataloader: Any = None
     eval_dataloader: Any = None
     algorithms: list = field(default_factory=list)
