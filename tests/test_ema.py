@@ -14,7 +14,7 @@ def test_ema_matches_swa_utils_averaged_model():
     ref_model = mlp()
     ref_model.load_state_dict(model.state_dict())
     decay = 0.8
-    ema = EMA(decay=decay, final_swap=False)
+    ema = EMA(decay=decay, final_swap=False, bias_correction=False)
     tr = Trainer(model, loader(n=64, batch_size=8), max_duration="8ba", device="cpu", algorithms=[ema],
                  optimizers=lambda m: torch.optim.SGD(m.parameters(), lr=0.5))
     tr.fit()
@@ -50,3 +50,69 @@ def test_ema_weights_are_used_for_evaluation_and_restored():
     assert abs(got - expected) < 1e-6
     for p, q in zip(model.parameters(), live):
         assert torch.equal(p, q)
+
+
+def _iterates(decay=None, **kw):
+    """Train 8 steps; the EMA and every iterate (the weights after each step)."""
+    from hasten import Callback
+    torch.manual_seed(0)
+    model = mlp()
+    seen = []
+
+    class Keep(Callback):
+        def batch_end(self, state, logger):
+            seen.append([p.detach().clone() for p in state.model.parameters()])
+
+    ema = EMA(decay=decay, final_swap=False, **kw)
+    Trainer(model, loader(n=64, batch_size=8), max_duration="8ba", device="cpu", algorithms=[ema], callbacks=[Keep()],
+            optimizers=lambda m: torch.optim.SGD(m.parameters(), lr=0.5)).fit()
+    return ema, seen
+
+
+def test_bias_corrected_ema_is_the_decay_weighted_mean_of_the_iterates():
+    decay = 0.9
+    ema, seen = _iterates(decay, update_every=2)
+    d = decay ** 2
+    updates = seen[1::2]   # batches 2, 4, 6, 8
+    w = torch.tensor([d ** (len(updates) - 1 - i) for i in range(len(updates))], dtype=torch.float64)
+    w = w / w.sum()
+    for k, ours in enumerate(ema.ema[: len(updates[0])]):
+        expected = sum(wi * u[k].double() for wi, u in zip(w, updates))
+        torch.testing.assert_close(ours.double(), expected, rtol=1e-5, atol=1e-6)
+
+
+def test_half_life_in_typed_time_and_a_warning_when_longer_than_the_run():
+    import pytest
+    ema, _ = _iterates(half_life="2ba")
+    assert ema.decay == pytest.approx(0.5 ** 0.5)
+    ema, _ = _iterates(half_life="0.25dur")   # 2 of 8 batches
+    assert ema.decay == pytest.approx(0.5 ** 0.5)
+    with pytest.warns(UserWarning, match="longer than the run"):
+        _iterates(decay=0.999)
+    with pytest.raises(ValueError, match="either decay or half_life"):
+        EMA(decay=0.9, half_life="2ba")
+
+
+def test_a_short_run_with_ema_is_not_worse_than_without():
+    """The reported failure: 78 steps, EMA(0.99, update_every=5) once swapped in an average that
+    was still 85% the initial weights (chance accuracy)."""
+    import warnings
+    from torch.utils.data import DataLoader, TensorDataset
+    g = torch.Generator().manual_seed(0)
+    centers = torch.randn(10, 20, generator=g) * 2
+    y = torch.randint(0, 10, (2000,), generator=g)
+    x = centers[y] + torch.randn(2000, 20, generator=g) * 2.5
+    xt, yt = x[:1000], y[:1000]
+    accs = {}
+    for name, algos in (("plain", []), ("ema", [EMA(decay=0.99, update_every=5)])):
+        torch.manual_seed(1)
+        model = torch.nn.Sequential(torch.nn.Linear(20, 64), torch.nn.ReLU(), torch.nn.Linear(64, 10))
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            Trainer(model, DataLoader(TensorDataset(x[1000:], y[1000:]), batch_size=64, shuffle=True),
+                    max_duration="78ba", device="cpu", algorithms=algos,
+                    optimizers=lambda m: torch.optim.SGD(m.parameters(), lr=0.05)).fit()
+        with torch.no_grad():
+            accs[name] = (model(xt).argmax(1) == yt).float().mean().item()
+    assert accs["plain"] > 0.5, accs          # the task is learnable in 78 steps
+    assert accs["ema"] >= accs["plain"] - 0.05, accs

@@ -22,7 +22,7 @@ from .algorithms.sam import sam_perturb, sam_restore
 from .algorithms.stochastic_depth import drop_path
 from .algorithms.channels_last import apply_channels_last
 from .algorithms.chunked_ce import chunked_cross_entropy
-from .algorithms.ema import ema_update
+from .algorithms.ema import ema_update, ema_weight
 from .algorithms.infobatch import InfoBatchPruner, infobatch_plan
 from .algorithms.label_smoothing import smooth_labels, smoothed_cross_entropy, uniform_cross_entropy
 from .algorithms.patch_whitening import fit_patch_whitening, patch_covariance

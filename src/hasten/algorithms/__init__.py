@@ -23,7 +23,7 @@ from .swa import SWA
 from .chunked_ce import ChunkedCrossEntropy, chunked_cross_entropy
 from .channels_last import ChannelsLast, apply_channels_last
 from .delay import Delay
-from .ema import EMA, ema_update
+from .ema import EMA, ema_update, ema_weight
 from .infobatch import InfoBatch, InfoBatchPruner, infobatch_plan
 from .label_smoothing import LabelSmoothing, smoothed_cross_entropy, smooth_labels
 from .patch_whitening import PatchWhitening, fit_patch_whitening

@@ -1,12 +1,26 @@
 """EMA: an exponential moving average of the weights, used for evaluation.
 
 Functional form: `ema_update(ema_tensors, model_tensors, decay)` does
-`ema = decay * ema + (1 - decay) * model` for every tensor (one fused foreach call).
+`ema = decay * ema + (1 - decay) * model` for every tensor (one fused foreach call);
+`ema_weight(decay, updates, bias_correction)` is the share of the newest weights in
+update number `updates`.
+
 The Algorithm keeps the averaged copy (parameters and floating-point buffers), updates it
 every `update_every` batches after `start`, and swaps it in for evaluation (and at the end
 of fit, when `final_swap`), restoring the trained weights afterwards.
+
+Bias correction (on by default), as Adam corrects its moments: update t gives the newest
+weights the share (1 - d) / (1 - d^t) instead of (1 - d), so the average is the
+decay-weighted mean of the weights seen so far and never holds the initial weights (the
+first update copies). Without it, a short run's average is still mostly its
+initialisation (0.99^16 = 85% after 16 updates of decay 0.99). The horizon can be given as
+a half-life in typed time (`half_life="200ba"`, `"0.1dur"`, `"1ep"`) instead of a decay;
+a horizon longer than the run is warned about at the start of fit.
 """
 from __future__ import annotations
+
+import math
+import warnings
 
 import torch
 
@@ -18,6 +32,13 @@ def ema_update(ema: list[torch.Tensor], current: list[torch.Tensor], decay: floa
     torch._foreach_lerp_(ema, current, 1.0 - decay)
 
 
+def ema_weight(decay: float, updates: int, bias_correction: bool = True) -> float:
+    """The newest weights' share in update number `updates` (1, 2, ...)."""
+    if not bias_correction:
+        return 1.0 - decay
+    return (1.0 - decay) / (1.0 - decay ** updates)
+
+
 def _tensors(model: torch.nn.Module) -> list[torch.Tensor]:
     return [p for p in model.parameters()] + [b for b in model.buffers() if b.is_floating_point()]
 
@@ -25,16 +46,41 @@ def _tensors(model: torch.nn.Module) -> list[torch.Tensor]:
 class EMA(Algorithm):
     events = (Event.FIT_START, Event.BATCH_END, Event.EVAL_START, Event.EVAL_END, Event.FIT_END)
 
-    def __init__(self, decay: float = 0.999, update_every: int = 1, start: str = "0ba", final_swap: bool = True):
-        if not 0.0 < decay < 1.0:
+    def __init__(self, decay: float | None = None, half_life: str | None = None, update_every: int = 1,
+                 start: str = "0ba", final_swap: bool = True, bias_correction: bool = True):
+        if decay is not None and half_life is not None:
+            raise ValueError("give either decay or half_life, not both")
+        if decay is not None and not 0.0 < decay < 1.0:
             raise ValueError(f"decay must lie in (0, 1), got {decay}")
-        self.decay, self.update_every, self.start, self.final_swap = decay, update_every, Time.parse(start), final_swap
+        if not isinstance(update_every, int) or update_every < 1:
+            raise ValueError(f"update_every must be a whole number >= 1, got {update_every!r}")
+        self.half_life = Time.parse(half_life) if half_life is not None else None
+        if self.half_life is not None and not self.half_life.value > 0:
+            raise ValueError(f"half_life must be positive, got {half_life}")
+        self.decay = decay if decay is not None or half_life is not None else 0.999
+        self.update_every, self.start, self.final_swap = update_every, Time.parse(start), final_swap
+        self.bias_correction = bias_correction
         self.ema: list[torch.Tensor] | None = None
+        self.updates = 0
         self._backup: list[torch.Tensor] | None = None
 
     def _init(self, state) -> None:
         if self.ema is None:
             self.ema = [t.detach().clone() for t in _tensors(state.model)]
+        batch = state.batch_fraction()   # one batch as a fraction of the run (0: unknown)
+        if self.half_life is not None:
+            if not batch:
+                raise ValueError(f"EMA half_life={self.half_life} needs a run whose length in batches is known")
+            self.decay = 0.5 ** (batch / state.fraction_of(self.half_life))   # per batch
+        if batch:
+            run_batches = 1.0 / batch
+            horizon = 1.0 / (1.0 - self.decay)   # batches: the average's time constant
+            if horizon > run_batches:
+                warnings.warn(f"EMA's horizon (about {horizon:.0f} batches, half-life "
+                              f"{math.log(0.5) / math.log(self.decay):.0f}) is longer than the run "
+                              f"({run_batches:.0f} batches): the average mostly holds early weights"
+                              + ("" if self.bias_correction else ", and without bias correction the "
+                                 "initial ones") + "; give a shorter half_life (e.g. '0.1dur')")
 
     def apply(self, event, state, logger):
         if event == Event.FIT_START:
@@ -42,8 +88,11 @@ class EMA(Algorithm):
         elif event == Event.BATCH_END:
             ts = state.timestamp
             if ts.batch % self.update_every == 0 and state.progress >= state.fraction_of(self.start):
+                self.updates += 1
                 # decay per update, compounded over the batches between updates
-                ema_update(self.ema, [t.detach() for t in _tensors(state.model)], self.decay ** self.update_every)
+                d = self.decay ** self.update_every
+                ema_update(self.ema, [t.detach() for t in _tensors(state.model)],
+                           1.0 - ema_weight(d, self.updates, self.bias_correction))
         elif event == Event.EVAL_START and self.ema is not None:
             self._swap_in(state)
         elif event == Event.EVAL_END and self._backup is not None:
@@ -64,8 +113,10 @@ class EMA(Algorithm):
         self._backup = None
 
     def state_dict(self):
-        return {"ema": self.ema} if self.ema is not None else {}
+        return {"ema": self.ema, "updates": self.updates} if self.ema is not None else {}
 
     def load_state_dict(self, sd):
         if "ema" in sd:
             self.ema = [t.clone() for t in sd["ema"]]
+            # checkpoints from before bias correction: the average is past its early updates
+            self.updates = int(sd.get("updates", 10**9))
