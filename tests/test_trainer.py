@@ -194,7 +194,7 @@ def test_no_host_sync_on_the_quiet_path(monkeypatch, tmp_path):
     x, y = classification_data(128)
     shuffled = DataLoader(TensorDataset(x, y), batch_size=8, sampler=ResumableSampler(128, shuffle=True))
     tr = Trainer(mlp(dropout=0.1), shuffled, optimizers=_sgd, max_duration="2ep",
-                 device="cpu", grad_clip_norm=1.0, log_interval="100ba", schedulers=[LRSchedule("cosine", warmup="3ba")],
+                 device="cpu", log_interval="100ba", schedulers=[LRSchedule("cosine", warmup="3ba")],
                  callbacks=[trap, ProgressBar(), SpeedMonitor(), LRMonitor()], loggers=[JSONLLogger(tmp_path / "m.jsonl")])
     tr.fit()
     assert tr._quiet_steps()
@@ -211,16 +211,16 @@ def _per_sample_mse(outputs, targets):
     return ((outputs - F.one_hot(targets, outputs.shape[-1]).float()) ** 2).mean(dim=1)
 
 
-@pytest.mark.parametrize("case", ["default", "per-sample-loss", "clip+schedules", "bf16", "epochs+eval"])
+@pytest.mark.parametrize("case", ["default", "per-sample-loss", "schedules", "bf16", "epochs+eval"])
 def test_quiet_path_equals_the_evented_path(case, tmp_path):
     """With nothing listening inside a step the Trainer runs a leaner loop; it must train
     exactly as the evented loop does: same weights bit for bit, same clock, same logs."""
     kw = dict(max_duration="13ba", log_interval="4ba")
     if case == "per-sample-loss":
         kw["loss_fn"] = _per_sample_mse
-    elif case == "clip+schedules":
-        kw.update(grad_clip_norm=0.05, schedulers=[LRSchedule("cosine", warmup="3ba"),
-                                                   lambda opt: torch.optim.lr_scheduler.StepLR(opt, 5, 0.5)])
+    elif case == "schedules":   # (clipping is an algorithm at BEFORE_OPTIM_STEP: never on the quiet path)
+        kw.update(schedulers=[LRSchedule("cosine", warmup="3ba"),
+                              lambda opt: torch.optim.lr_scheduler.StepLR(opt, 5, 0.5)])
     elif case == "bf16":
         kw["precision"] = "bf16-mixed"
     elif case == "epochs+eval":
@@ -356,3 +356,36 @@ def test_precision_auto_follows_the_hardware():
     expected = "bf16-mixed" if cpu_flags() & {"avx512_bf16", "amx_bf16"} else "fp32"
     assert trainer.state.precision == expected
     assert (trainer._autocast_dtype is torch.bfloat16) == (expected == "bf16-mixed")
+
+
+def test_grad_clip_norm_is_one_gradient_clipping_algorithm_and_matches_torch():
+    from hasten.algorithms import GradientClipping
+    torch.manual_seed(0)
+    model, twin = mlp(), mlp()
+    twin.load_state_dict(model.state_dict())
+    tr = Trainer(model, loader(), optimizers=lambda m: torch.optim.SGD(m.parameters(), lr=0.5), max_duration="4ba",
+                 device="cpu", grad_clip_norm=0.05)
+    assert [type(a).__name__ for a in tr.state.algorithms] == ["GradientClipping"]
+    tr.fit()
+    opt = torch.optim.SGD(twin.parameters(), lr=0.5)
+    for i, (x, y) in enumerate(loader()):
+        if i == 4:
+            break
+        opt.zero_grad()
+        F.cross_entropy(twin(x), y).backward()
+        torch.nn.utils.clip_grad_norm_(twin.parameters(), 0.05)
+        opt.step()
+    for a, b in zip(model.parameters(), twin.parameters()):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
+    with pytest.raises(ValueError, match="not both"):
+        Trainer(mlp(), loader(), device="cpu", grad_clip_norm=1.0, algorithms=[GradientClipping("norm", 1.0)])
+
+
+def test_fp16_with_grad_clip_norm_and_another_clipping_algorithm_unscales_once():
+    """Reported: fp16-mixed with GradientClipping and grad_clip_norm raised 'unscale_() has
+    already been called on this optimizer since the last update()'."""
+    from hasten.algorithms import GradientClipping
+    tr = Trainer(mlp(), loader(), max_duration="3ba", device="cpu", precision="fp16-mixed", grad_clip_norm=1.0,
+                 algorithms=[GradientClipping("adaptive", 0.01)])
+    tr.fit()
+    assert tr.state.timestamp.batch == 3

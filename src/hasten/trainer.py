@@ -137,6 +137,12 @@ class Trainer:
         self._fused_mean = False
         model = model.to(self.device)
         self.batch_fn, self.count_tokens, self.grad_clip_norm = batch_fn, count_tokens, grad_clip_norm
+        algorithms = list(algorithms)
+        if grad_clip_norm is not None:   # one owner of clipping: the algorithm, last at BEFORE_OPTIM_STEP
+            from .algorithms.grad_clipping import GradientClipping
+            if any(isinstance(a, GradientClipping) and a.mode == "norm" for a in algorithms):
+                raise ValueError("give grad_clip_norm or a GradientClipping(mode='norm') algorithm, not both")
+            algorithms.append(GradientClipping("norm", grad_clip_norm))
         self.checkpoint_io = checkpoint_io or CheckpointIO()
         self.metrics = dict(metrics or {})
         self.eval_dataloader = eval_dataloader
@@ -158,7 +164,7 @@ class Trainer:
         self.state = State(
             model=model, max_duration=Time.parse(max_duration), device=self.device, precision=precision,
             loss_fn=loss_fn or default_loss, train_dataloader=train_dataloader,
-            eval_dataloader=eval_dataloader, algorithms=list(algorithms), callbacks=callbacks,
+            eval_dataloader=eval_dataloader, algorithms=algorithms, callbacks=callbacks,
             seed=seed, grad_accum=grad_accum)
         if self.state.max_duration.unit == TimeUnit.DURATION:
             raise ValueError("max_duration cannot be a fraction ('dur'); use ep, ba, sp, tok or s/m/h")
@@ -335,14 +341,10 @@ class Trainer:
                 sched.apply(state)
 
     def _optimizer_step(self, fire_after: bool) -> None:
-        """Clip, step, (fire AFTER_OPTIM_STEP), zero the gradients, step torch schedulers."""
+        """Step, (fire AFTER_OPTIM_STEP), zero the gradients, step torch schedulers. Clipping
+        happened at BEFORE_OPTIM_STEP (GradientClipping; grad_clip_norm builds one)."""
         state = self.state
         scaler = state.scaler
-        if self.grad_clip_norm is not None:
-            if scaler is not None:
-                for opt in state.optimizers:
-                    scaler.unscale_(opt)
-            torch.nn.utils.clip_grad_norm_(state.model.parameters(), self.grad_clip_norm)
         for opt in state.optimizers:
             if scaler is not None:
                 scaler.step(opt)

@@ -1,13 +1,15 @@
 """Gradient clipping: by global norm, by value, or adaptive (unit-wise, relative to the weights).
 
-- `norm`: `torch.nn.utils.clip_grad_norm_` (the Trainer's `grad_clip_norm` does this too);
+- `norm`: `torch.nn.utils.clip_grad_norm_` (the Trainer's `grad_clip_norm` adds this
+  algorithm, last in the list: one owner of clipping);
 - `value`: `torch.nn.utils.clip_grad_value_`;
 - `adaptive` (AGC, Brock et al., 2021): each output unit's gradient row is scaled down so
   that `||g_i|| <= clip * max(||w_i||, eps)`; vectors (biases, gains) are left alone by
   default. It lets normaliser-free and large-batch training use high learning rates.
 
 Functional form: `adaptive_clip_grad_(params, clip, eps)`. The Algorithm clips at
-BEFORE_OPTIM_STEP (after unscaling fp16 gradients).
+BEFORE_OPTIM_STEP, after unscaling fp16 gradients once per step (several clipping
+algorithms may run; the scaler is unscaled by the first).
 """
 from __future__ import annotations
 
@@ -37,9 +39,10 @@ class GradientClipping(Algorithm):
         self.mode, self.threshold, self.eps = mode, threshold, eps
 
     def apply(self, event, state, logger):
-        if state.scaler is not None:
-            for opt in state.optimizers:
+        if state.scaler is not None and state.extra.get("grads_unscaled_at") != state.timestamp.batch:
+            for opt in state.optimizers:   # once per step, whoever clips first (fp16 loss scaling)
                 state.scaler.unscale_(opt)
+            state.extra["grads_unscaled_at"] = state.timestamp.batch
         params = [p for p in state.model.parameters() if p.grad is not None]
         if self.mode == "norm":
             torch.nn.utils.clip_grad_norm_(params, self.threshold)
