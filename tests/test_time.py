@@ -65,3 +65,34 @@ def test_interval_epochs_and_resume():
         if iv.due(ts, 0):
             hits.append(b)
     assert hits == [9, 12]
+
+
+def test_typed_time_or_a_bare_fraction_for_the_algorithms_that_took_fractions():
+    """ProgressiveResizing, SWA, LayerFreezing and InfoBatch take typed time; a bare number
+    stays the shorthand for a fraction of the run."""
+    import pytest
+    from hasten import Trainer
+    from hasten.algorithms import SWA, InfoBatch, LayerFreezing, ProgressiveResizing
+    from hasten.core import as_time
+    from tiny import loader, mlp
+
+    assert as_time(0.25) == Time(0.25, "dur") and as_time("30ba") == Time(30, "ba")
+    with pytest.raises(ValueError, match="fraction of the run"):
+        as_time(1.5)
+    with pytest.raises(ValueError, match="fraction of the run"):
+        as_time("1.5dur")
+    # the same point of a 16-batch run, as a fraction and in batches
+    for start in (0.5, "8ba", "0.5dur", "1ep"):
+        lf = LayerFreezing(start=start, fraction=1.0)
+        tr = Trainer(mlp(), loader(n=64, batch_size=8), max_duration="16ba", device="cpu", algorithms=[lf])
+        tr.fit()
+        assert tr.state.fraction_of(lf.start) == 0.5, start
+        assert lf.frozen > 0
+    swa = SWA(start="12ba", bn_batches=0)
+    Trainer(mlp(), loader(n=64, batch_size=8), max_duration="16ba", device="cpu", algorithms=[swa]).fit()
+    assert int(swa.averaged.n_averaged) == 4   # batches 13..16
+    pr = ProgressiveResizing(start="0ba", finish="2ep")
+    assert (pr.start, pr.finish) == (Time(0, "ba"), Time(2, "ep"))
+    assert InfoBatch(delta="7ep").delta == Time(7, "ep")
+    with pytest.raises(ValueError, match="prune_ratio"):
+        InfoBatch(prune_ratio=1.0)

@@ -358,6 +358,10 @@ def validate(raw: dict) -> Recipe:
             raise ConfigError(f"algorithms.{algo_name}: unknown algorithm; known: {sorted(REGISTRY)}."
                               + _suggest(algo_name, REGISTRY))
         algos[algo_name] = signature_config(REGISTRY[algo_name].__init__, params or {}, f"algorithms.{algo_name}")
+        try:   # the values too: building an algorithm is cheap and checks its arguments' ranges
+            REGISTRY[algo_name](**algos[algo_name])
+        except (TypeError, ValueError) as e:
+            raise ConfigError(f"algorithms.{algo_name}: {e}") from e
     recipe.algorithms = algos
     return recipe
 

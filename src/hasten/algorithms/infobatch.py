@@ -26,7 +26,7 @@ import math
 import torch
 from torch.utils.data import Sampler
 
-from ..core import Algorithm, Event
+from ..core import Algorithm, Event, as_time
 from ..data.resumable import epoch_order
 from ..utils import derive_seed
 
@@ -251,8 +251,10 @@ class InfoBatch(Algorithm):
 
     events = (Event.FIT_START, Event.EPOCH_START, Event.AFTER_LOSS)
 
-    def __init__(self, prune_ratio: float = 0.5, delta: float = 0.875):
-        self.prune_ratio, self.delta = prune_ratio, delta
+    def __init__(self, prune_ratio: float = 0.5, delta: "float | str" = 0.875):
+        if not 0.0 <= prune_ratio < 1.0:
+            raise ValueError(f"prune_ratio must lie in [0, 1), got {prune_ratio}")
+        self.prune_ratio, self.delta = prune_ratio, as_time(delta, "delta")
         self.pruner: InfoBatchPruner | None = None
         self._pending: dict | None = None
 
@@ -269,8 +271,8 @@ class InfoBatch(Algorithm):
         else:
             loader = state.train_dataloader
             if self.pruner is None:
-                self.pruner = InfoBatchPruner(loader_size(loader), self.prune_ratio, self.delta, seed=state.seed,
-                                              device=state.device)
+                self.pruner = InfoBatchPruner(loader_size(loader), self.prune_ratio, state.fraction_of(self.delta),
+                                              seed=state.seed, device=state.device)
             if self._pending is not None:
                 self.pruner.load_state_dict(self._pending)
                 self._pending = None

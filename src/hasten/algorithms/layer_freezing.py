@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from ..core import Algorithm, Event
+from ..core import Algorithm, Event, as_time
 
 
 def freeze_first(model: torch.nn.Module, fraction: float) -> int:
@@ -27,17 +27,19 @@ def freeze_first(model: torch.nn.Module, fraction: float) -> int:
 class LayerFreezing(Algorithm):
     events = (Event.BATCH_START,)
 
-    def __init__(self, start: float = 0.5, fraction: float = 0.5):
-        if not 0.0 <= start < 1.0 or not 0.0 <= fraction <= 1.0:
-            raise ValueError("need 0 <= start < 1 and 0 <= fraction <= 1")
-        self.start, self.fraction = start, fraction
+    def __init__(self, start: "float | str" = 0.5, fraction: float = 0.5):
+        if not 0.0 <= fraction <= 1.0:
+            raise ValueError(f"fraction (the share of tensors frozen at the end) must lie in [0, 1], got {fraction}")
+        self.start, self.fraction = as_time(start, "start"), fraction
+        if self.start.unit.value == "dur" and self.start.value >= 1.0:
+            raise ValueError(f"start must lie before the end of the run, got {start}")
         self.frozen = 0
 
     def apply(self, event, state, logger):
-        p = state.progress
-        if p < self.start:
+        p, start = state.progress, state.fraction_of(self.start)
+        if p < start:
             return
-        want = self.fraction * (p - self.start) / (1.0 - self.start)
+        want = self.fraction * (p - start) / (1.0 - start) if start < 1.0 else self.fraction
         n = freeze_first(state.model, want)
         if n != self.frozen:
             self.frozen = n

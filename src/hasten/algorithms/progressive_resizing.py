@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ..core import Algorithm, Event
+from ..core import Algorithm, Event, as_time
 
 
 def resize_scale(progress: float, initial_scale: float, start: float, finish: float) -> float:
@@ -39,13 +39,18 @@ def resize_batch(x: torch.Tensor, scale: float, size_increment: int = 4) -> torc
 class ProgressiveResizing(Algorithm):
     events = (Event.AFTER_DATALOADER,)
 
-    def __init__(self, initial_scale: float = 0.5, start: float = 0.0, finish: float = 0.6, size_increment: int = 4):
-        if not 0.0 < initial_scale <= 1.0 or not 0.0 <= start <= finish <= 1.0:
-            raise ValueError("need 0 < initial_scale <= 1 and 0 <= start <= finish <= 1")
-        self.initial_scale, self.start, self.finish, self.size_increment = initial_scale, start, finish, size_increment
+    def __init__(self, initial_scale: float = 0.5, start: "float | str" = 0.0, finish: "float | str" = 0.6,
+                 size_increment: int = 4):
+        if not 0.0 < initial_scale <= 1.0:
+            raise ValueError(f"need 0 < initial_scale <= 1, got {initial_scale}")
+        self.start, self.finish = as_time(start, "start"), as_time(finish, "finish")
+        if self.start.unit == self.finish.unit and self.start.value > self.finish.value:
+            raise ValueError(f"need start <= finish, got start={start}, finish={finish}")
+        self.initial_scale, self.size_increment = initial_scale, size_increment
 
     def apply(self, event, state, logger):
-        s = resize_scale(state.progress, self.initial_scale, self.start, self.finish)
+        s = resize_scale(state.progress, self.initial_scale, state.fraction_of(self.start),
+                         state.fraction_of(self.finish))
         if s < 1.0:
             batch = state.batch
             state.batch = (resize_batch(batch[0], s, self.size_increment), *batch[1:])

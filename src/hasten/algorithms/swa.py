@@ -14,16 +14,17 @@ import itertools
 import torch
 from torch.optim.swa_utils import AveragedModel
 
-from ..core import Algorithm, Event
+from ..core import Algorithm, Event, as_time
 
 
 class SWA(Algorithm):
     events = (Event.BATCH_END, Event.FIT_END)
 
-    def __init__(self, start: float = 0.75, update_every: int = 1, bn_batches: int = 50):
-        if not 0.0 <= start < 1.0:
-            raise ValueError(f"start must lie in [0, 1), got {start}")
-        self.start, self.update_every, self.bn_batches = start, int(update_every), int(bn_batches)
+    def __init__(self, start: "float | str" = 0.75, update_every: int = 1, bn_batches: int = 50):
+        self.start = as_time(start, "start")
+        if self.start.unit.value == "dur" and self.start.value >= 1.0:
+            raise ValueError(f"start must lie before the end of the run, got {start}")
+        self.update_every, self.bn_batches = int(update_every), int(bn_batches)
         self.averaged: AveragedModel | None = None
         self._pending = None
 
@@ -33,7 +34,7 @@ class SWA(Algorithm):
             self.averaged.load_state_dict(self._pending)
             self._pending = None
         if event == Event.BATCH_END:
-            if state.progress > self.start and state.timestamp.batch % self.update_every == 0:
+            if state.progress > state.fraction_of(self.start) and state.timestamp.batch % self.update_every == 0:
                 if self.averaged is None:
                     self.averaged = AveragedModel(state.model, use_buffers=False)
                 self.averaged.update_parameters(state.model)

@@ -4,6 +4,6 @@ from .callback import Callback
 from .engine import Engine
 from .event import Event
 from .state import NonFiniteLossError, State
-from .time import Interval, Time, Timestamp, TimeUnit
+from .time import Interval, Time, Timestamp, TimeUnit, as_time
 
-__all__ = ["Algorithm", "Callback", "Engine", "Event", "Interval", "NonFiniteLossError", "State", "Time", "Timestamp", "TimeUnit"]
+__all__ = ["Algorithm", "Callback", "Engine", "Event", "Interval", "NonFiniteLossError", "State", "Time", "Timestamp", "TimeUnit", "as_time"]

@@ -6,7 +6,7 @@ dictionary look-up.
 """
 from __future__ import annotations
 
-from .callback import Callback, _noop
+from .callback import _noop
 from .event import Event
 
 

@@ -98,6 +98,24 @@ class Time:
         return Time(self.value + other.value, self.unit)
 
 
+def as_time(value: "str | float | Time", name: str = "time") -> Time:
+    """A typed time from a typed-time string ('200ba', '2ep', '0.5dur') or a bare number, the
+    shorthand for a fraction of the run ('dur'); bare numbers must lie in [0, 1]."""
+    if isinstance(value, Time):
+        return value
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        if not 0.0 <= value <= 1.0:
+            raise ValueError(f"{name}={value!r}: a bare number is a fraction of the run and must lie in [0, 1]; "
+                             "or give a typed time such as '200ba' or '2ep'")
+        return Time(float(value), TimeUnit.DURATION)
+    t = Time.parse(value)
+    if t.unit == TimeUnit.DURATION and not 0.0 <= t.value <= 1.0:
+        raise ValueError(f"{name}={value!r}: a fraction of the run must lie in [0, 1]")
+    if t.value < 0:
+        raise ValueError(f"{name}={value!r} is negative")
+    return t
+
+
 @dataclass
 class Timestamp:
     """Where training stands. Counts are of completed work."""
