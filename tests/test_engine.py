@@ -84,3 +84,32 @@ def test_match_filters_and_idle_events_are_absent_from_the_table():
 def test_callback_without_overrides_listens_to_nothing():
     state = State(model=mlp(), max_duration=Time.parse("1ba"), device=torch.device("cpu"), callbacks=[Callback()])
     assert Engine(state, logger=None).active == frozenset()
+
+
+def test_adding_callbacks_and_algorithms_and_the_printed_event_plan():
+    import pytest
+    from hasten import Callback, Trainer
+    from hasten.algorithms import EMA, SAM, ChannelsLast, LabelSmoothing, MixUp
+    from tiny import loader, mlp
+
+    class Seen(Callback):
+        def __init__(self):
+            self.n = 0
+
+        def batch_end(self, state, logger):
+            self.n += 1
+
+    tr = Trainer(mlp(), loader(), max_duration="3ba", device="cpu", algorithms=[MixUp(), LabelSmoothing(0.1)])
+    seen = Seen()
+    tr.add_callbacks(seen)
+    tr.add_algorithms(EMA(decay=0.5), SAM())
+    with pytest.raises(ValueError, match="INIT"):
+        tr.add_algorithms(ChannelsLast())
+    plan = tr.describe()
+    assert "BATCH_END          algorithms: EMA; callbacks: Seen" in plan
+    assert "AFTER_DATALOADER   algorithms: MixUp" in plan
+    assert "EVAL_END           algorithms: EMA" in plan
+    assert "SAM wraps forward/backward" in plan
+    assert "training loss = LabelSmoothing(MixUp(task loss))" in plan
+    tr.fit()
+    assert seen.n == 3

@@ -28,6 +28,8 @@ def _cmd_recipes(args) -> int:
 def _cmd_train(args) -> int:
     from rich.console import Console
 
+    from pathlib import Path
+
     from .build import build_run
     from .config import load_recipe
 
@@ -45,6 +47,14 @@ def _cmd_train(args) -> int:
 
         from .config import to_dict
         print(yaml.safe_dump(to_dict(recipe), sort_keys=False), end="")
+        return 0
+    if args.print_events:   # the run built for real (data included) in a folder that is then removed
+        import tempfile
+        with tempfile.TemporaryDirectory(prefix="hasten-events-") as tmp:
+            recipe.trainer.run_dir, recipe.trainer.autoresume = str(Path(tmp) / "run"), False
+            run = build_run(recipe, progress_bar=False if args.no_progress else None)
+            print(run.trainer.describe())
+            run.close()
         return 0
     run = build_run(recipe, progress_bar=False if args.no_progress else None, force=args.force)
     state = run.trainer.state
@@ -201,6 +211,7 @@ def make_parser() -> argparse.ArgumentParser:
     t.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="config overrides")
     t.add_argument("--no-progress", action="store_true", help="no progress bar")
     t.add_argument("--print-config", action="store_true", help="print the resolved recipe and exit")
+    t.add_argument("--print-events", action="store_true", help="print who runs at each event, in order, and exit")
     t.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR with its stored recipe "
                    "(overrides that change the run's mathematics are refused without --force)")
     t.add_argument("--force", action="store_true", help="with --resume: allow overrides that change the run")

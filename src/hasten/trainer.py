@@ -19,7 +19,7 @@ import torch.nn.functional as F
 
 from .allocator import configure_host_allocator
 from .checkpoint import CheckpointIO, load_latest, restore, save
-from .core import Engine, Event, Interval, State, Time, TimeUnit
+from .core import Algorithm, Engine, Event, Interval, State, Time, TimeUnit
 from .data.resumable import epoch_iterator
 from .errors import TrainingError
 from .loggers import LogHub
@@ -233,6 +233,34 @@ class Trainer:
         if self._autocast_dtype is None:
             return _NO_AUTOCAST
         return torch.autocast(self.device.type, dtype=self._autocast_dtype)
+
+    # ------------------------------------------------------------------ adding and describing
+    def add_callbacks(self, *callbacks) -> None:
+        """Add callbacks after the Trainer is built (they observe from the next event on)."""
+        self.state.callbacks.extend(callbacks)
+        self.engine.rebuild()
+
+    def add_algorithms(self, *algorithms) -> None:
+        """Add algorithms after the Trainer is built, before fit. One that listens to INIT
+        (model surgery) must be given to the constructor: INIT has already run."""
+        for a in algorithms:
+            if INIT in a.events:
+                raise ValueError(f"{a.name} changes the model at INIT, which has already run: "
+                                 "pass it to Trainer(algorithms=...)")
+        self.state.algorithms.extend(algorithms)
+        self.engine.rebuild()
+
+    def describe(self) -> str:
+        """The event plan (who runs at each event, in order) and the two seams."""
+        state = self.state
+        step = [a.name for a in state.algorithms if type(a).wrap_step is not Algorithm.wrap_step]
+        loss = "task loss"
+        for a in state.algorithms:
+            if type(a).wrap_loss is not Algorithm.wrap_loss:
+                loss = f"{a.name}({loss})"
+        return (self.engine.describe() + f"\n{'step seam':<18} " + (" wraps ".join(reversed(step)) + " wraps "
+                if step else "") + "forward/backward" + f"\n{'loss seam':<18} training loss = {loss}; "
+                "evaluation uses the task loss")
 
     # ------------------------------------------------------------------ checkpoints
     def save_checkpoint(self, path) -> str:

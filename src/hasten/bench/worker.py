@@ -101,8 +101,7 @@ def main(spec_path: str, out_path: str) -> int:
         data_setup_s = time.perf_counter() - t0
         rec = BenchRecorder(out)
         state = run.trainer.state
-        state.callbacks.append(rec)
-        run.trainer.engine.rebuild()
+        run.trainer.add_callbacks(rec)
         if state.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats()
         t1 = time.perf_counter()

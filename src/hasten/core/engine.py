@@ -30,6 +30,20 @@ class Engine:
         self._table = table
         self.active = frozenset(table)
 
+    def describe(self) -> str:
+        """Who runs at each event, in firing and dispatch order (events nobody listens to
+        are left out): what `hasten train --print-events` prints."""
+        lines = []
+        for event in Event:
+            entry = self._table.get(event)
+            if entry is None:
+                continue
+            algos = ", ".join(a.name for a in entry[0])
+            cbs = ", ".join(type(fn.__self__).__name__ for fn in entry[1])
+            lines.append(f"{event.name:<18} " + "; ".join(x for x in (algos and f"algorithms: {algos}",
+                                                                     cbs and f"callbacks: {cbs}") if x))
+        return "\n".join(lines)
+
     def run(self, event: Event) -> None:
         entry = self._table.get(event)
         if entry is None:
