@@ -9,30 +9,23 @@ allowed, and suggests the closest match.
 from __future__ import annotations
 
 import dataclasses
-import difflib
-import inspect
-import re
-import types
-import typing
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
-from typing import Any, Literal, Optional, Union
+from typing import Any, Literal, Optional
 
 import yaml
 
+from .algorithms import REGISTRY
 from .core.time import Time
 from .errors import ConfigError
-from .schema import check_setting, device_string, fractions_below_one, setting
-
+# the schema helpers live in a leaf module (tasks import them without importing this one);
+# check_time, coerce and from_dict are re-exported here for existing users
+from .schema import (_NUMBER, _suggest, check_time, coerce, device_string, fractions_below_one,  # noqa: F401
+                     from_dict, setting, signature_config)
+from .tasks import TASKS   # the registry of tasks: their model and data configs and builders
 
 RECIPE_SCHEMA_VERSION = 1   # recipe.yaml files in run folders record it; raise it when keys are renamed
-_NUMBER = re.compile(r"^[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)$")
-
-
-def _suggest(key: str, allowed) -> str:
-    close = difflib.get_close_matches(key, list(allowed), n=1, cutoff=0.5)
-    return f" Did you mean {close[0]!r}?" if close else ""
 
 
 # ------------------------------------------------------------------------------ sections
@@ -104,129 +97,6 @@ class Recipe:
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     algorithms: dict = field(default_factory=dict)
     name: str = "recipe"
-
-
-# ------------------------------------------------------------------------------ coercion
-def _type_name(tp) -> str:
-    origin = typing.get_origin(tp)
-    if origin is Literal:
-        return " | ".join(repr(a) for a in typing.get_args(tp))
-    if origin in (Union, types.UnionType):
-        return " or ".join(_type_name(a) for a in typing.get_args(tp))
-    if tp is type(None):
-        return "null"
-    return getattr(tp, "__name__", str(tp))
-
-
-def coerce(value: Any, tp, path: str):
-    """Check and convert `value` to type `tp`; errors name `path`."""
-    origin = typing.get_origin(tp)
-    if tp is Any:
-        return value
-    if origin is Literal:
-        allowed = typing.get_args(tp)
-        if value not in allowed:
-            raise ConfigError(f"{path}: {value!r} is not allowed; choose one of {list(allowed)}."
-                              + (_suggest(str(value), [str(a) for a in allowed]) if isinstance(value, str) else ""))
-        return value
-    if origin in (Union, types.UnionType):
-        args = typing.get_args(tp)
-        if value is None and type(None) in args:
-            return None
-        errors = []
-        for a in args:
-            if a is type(None):
-                continue
-            try:
-                return coerce(value, a, path)
-            except ConfigError as e:
-                errors.append(str(e))
-        raise ConfigError(f"{path}: expected {_type_name(tp)}, got {value!r}")
-    if origin in (list, tuple):
-        if not isinstance(value, (list, tuple)):
-            raise ConfigError(f"{path}: expected a list, got {value!r}")
-        (inner, *_) = typing.get_args(tp) or (Any,)
-        return [coerce(v, inner, f"{path}[{i}]") for i, v in enumerate(value)]
-    if origin is dict or tp is dict:
-        if value is None:
-            return {}
-        if not isinstance(value, dict):
-            raise ConfigError(f"{path}: expected a mapping, got {value!r}")
-        return dict(value)
-    if dataclasses.is_dataclass(tp):
-        return from_dict(tp, value, path)
-    if tp is bool:
-        if not isinstance(value, bool):
-            raise ConfigError(f"{path}: expected true or false, got {value!r}")
-        return value
-    if tp is int:
-        if isinstance(value, bool) or not (isinstance(value, int) or (isinstance(value, float) and value.is_integer())):
-            raise ConfigError(f"{path}: expected a whole number, got {value!r}")
-        return int(value)
-    if tp is float:
-        if isinstance(value, str) and _NUMBER.match(value):   # YAML 1.1 reads 1e-3 as a string
-            return float(value)
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ConfigError(f"{path}: expected a number, got {value!r}")
-        return float(value)
-    if tp is str:
-        if not isinstance(value, (str, int, float)) or isinstance(value, bool):
-            raise ConfigError(f"{path}: expected a string, got {value!r}")
-        return str(value)
-    return value
-
-
-def _hints(cls) -> dict:
-    return typing.get_type_hints(cls)
-
-
-def from_dict(cls, data: dict | None, path: str = ""):
-    """Build dataclass `cls` from a mapping, checking every key and value."""
-    data = {} if data is None else data
-    if not isinstance(data, dict):
-        raise ConfigError(f"{path or cls.__name__}: expected a mapping, got {data!r}")
-    hints = _hints(cls)
-    fields = {f.name: f for f in dataclasses.fields(cls)}
-    names = list(fields)
-    kwargs = {}
-    for key, value in data.items():
-        where = f"{path}.{key}" if path else str(key)
-        if key not in names:
-            raise ConfigError(f"unknown key {where!r}; allowed keys here: {names}.{_suggest(str(key), names)}")
-        kwargs[key] = coerce(value, hints[key], where)
-        check_setting(fields[key], kwargs[key], where)
-    missing = [f.name for f in dataclasses.fields(cls)
-               if f.name not in kwargs and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
-    if missing:
-        raise ConfigError(f"{path or cls.__name__}: missing required key(s) {missing}")
-    try:
-        return cls(**kwargs)
-    except (TypeError, ValueError) as e:
-        raise ConfigError(f"{path or cls.__name__}: {e}") from e
-
-
-def signature_config(fn, params: dict, path: str) -> dict:
-    """Check keyword arguments for a callable against its signature and annotations."""
-    sig = inspect.signature(fn)
-    try:
-        hints = typing.get_type_hints(fn)
-    except Exception:
-        hints = {}
-    allowed = [n for n, p in sig.parameters.items() if n != "self" and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
-    out = {}
-    for key, value in (params or {}).items():
-        where = f"{path}.{key}"
-        if key not in allowed:
-            raise ConfigError(f"unknown key {where!r}; allowed keys here: {allowed}.{_suggest(str(key), allowed)}")
-        out[key] = coerce(value, hints.get(key, Any), where)
-    return out
-
-
-def check_time(value: str, path: str) -> Time:
-    try:
-        return Time.parse(value)
-    except (ValueError, TypeError) as e:
-        raise ConfigError(f"{path}: {e}") from e
 
 
 # ------------------------------------------------------------------------------ overrides
@@ -340,7 +210,6 @@ def load_recipe(name_or_path: str, overrides: list[str] = ()) -> Recipe:
 
 
 def validate(raw: dict) -> Recipe:
-    from .tasks import TASKS  # the registry of tasks: their model, data and algorithm configs
     recipe = from_dict(Recipe, raw)
     if recipe.task not in TASKS:
         raise ConfigError(f"task: {recipe.task!r} is not a known task; choose one of {sorted(TASKS)}."
@@ -351,7 +220,6 @@ def validate(raw: dict) -> Recipe:
     if Time.parse(recipe.trainer.max_duration).unit.value == "dur":
         raise ConfigError(f"trainer.max_duration: {recipe.trainer.max_duration!r} is a fraction of the run; "
                           "give ep, ba, sp, tok or s/m/h")
-    from .algorithms import REGISTRY
     algos = {}
     for algo_name, params in (recipe.algorithms or {}).items():
         if algo_name not in REGISTRY:

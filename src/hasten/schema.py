@@ -1,4 +1,5 @@
-"""Settings with their allowed values declared where they are declared.
+"""The schema helpers: typed settings with their allowed values declared where they are
+declared, and the coercion that turns YAML values into them.
 
 `setting(default, ge=..., lt=..., time=True, check=...)` is a dataclass field whose metadata
 states its range; `check_setting(field, value, path)` enforces it when a recipe is loaded,
@@ -10,12 +11,25 @@ and typed time, so any config class can use it.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable
+import difflib
+import inspect
+import re
+import types
+import typing
+from typing import Any, Callable, Literal, Union
 
 from .core.time import Time
 from .errors import ConfigError
 
 _MISSING = dataclasses.MISSING
+_NUMBER = re.compile(r"^[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)$")
+
+
+def _suggest(key: str, allowed) -> str:
+    close = difflib.get_close_matches(key, list(allowed), n=1, cutoff=0.5)
+    return f" Did you mean {close[0]!r}?" if close else ""
+
+
 
 
 def setting(default: Any = _MISSING, *, default_factory: Any = _MISSING, ge=None, gt=None, le=None, lt=None,
@@ -79,3 +93,126 @@ def fractions_below_one(value) -> str | None:
     if not all(0.0 <= b < 1.0 for b in value):
         return "must hold numbers in [0, 1)"
     return None
+
+
+# ------------------------------------------------------------------------------ coercion
+def _type_name(tp) -> str:
+    origin = typing.get_origin(tp)
+    if origin is Literal:
+        return " | ".join(repr(a) for a in typing.get_args(tp))
+    if origin in (Union, types.UnionType):
+        return " or ".join(_type_name(a) for a in typing.get_args(tp))
+    if tp is type(None):
+        return "null"
+    return getattr(tp, "__name__", str(tp))
+
+
+def coerce(value: Any, tp, path: str):
+    """Check and convert `value` to type `tp`; errors name `path`."""
+    origin = typing.get_origin(tp)
+    if tp is Any:
+        return value
+    if origin is Literal:
+        allowed = typing.get_args(tp)
+        if value not in allowed:
+            raise ConfigError(f"{path}: {value!r} is not allowed; choose one of {list(allowed)}."
+                              + (_suggest(str(value), [str(a) for a in allowed]) if isinstance(value, str) else ""))
+        return value
+    if origin in (Union, types.UnionType):
+        args = typing.get_args(tp)
+        if value is None and type(None) in args:
+            return None
+        errors = []
+        for a in args:
+            if a is type(None):
+                continue
+            try:
+                return coerce(value, a, path)
+            except ConfigError as e:
+                errors.append(str(e))
+        raise ConfigError(f"{path}: expected {_type_name(tp)}, got {value!r}")
+    if origin in (list, tuple):
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{path}: expected a list, got {value!r}")
+        (inner, *_) = typing.get_args(tp) or (Any,)
+        return [coerce(v, inner, f"{path}[{i}]") for i, v in enumerate(value)]
+    if origin is dict or tp is dict:
+        if value is None:
+            return {}
+        if not isinstance(value, dict):
+            raise ConfigError(f"{path}: expected a mapping, got {value!r}")
+        return dict(value)
+    if dataclasses.is_dataclass(tp):
+        return from_dict(tp, value, path)
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{path}: expected true or false, got {value!r}")
+        return value
+    if tp is int:
+        if isinstance(value, bool) or not (isinstance(value, int) or (isinstance(value, float) and value.is_integer())):
+            raise ConfigError(f"{path}: expected a whole number, got {value!r}")
+        return int(value)
+    if tp is float:
+        if isinstance(value, str) and _NUMBER.match(value):   # YAML 1.1 reads 1e-3 as a string
+            return float(value)
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"{path}: expected a number, got {value!r}")
+        return float(value)
+    if tp is str:
+        if not isinstance(value, (str, int, float)) or isinstance(value, bool):
+            raise ConfigError(f"{path}: expected a string, got {value!r}")
+        return str(value)
+    return value
+
+
+def _hints(cls) -> dict:
+    return typing.get_type_hints(cls)
+
+
+def from_dict(cls, data: dict | None, path: str = ""):
+    """Build dataclass `cls` from a mapping, checking every key and value."""
+    data = {} if data is None else data
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path or cls.__name__}: expected a mapping, got {data!r}")
+    hints = _hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    names = list(fields)
+    kwargs = {}
+    for key, value in data.items():
+        where = f"{path}.{key}" if path else str(key)
+        if key not in names:
+            raise ConfigError(f"unknown key {where!r}; allowed keys here: {names}.{_suggest(str(key), names)}")
+        kwargs[key] = coerce(value, hints[key], where)
+        check_setting(fields[key], kwargs[key], where)
+    missing = [f.name for f in dataclasses.fields(cls)
+               if f.name not in kwargs and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
+    if missing:
+        raise ConfigError(f"{path or cls.__name__}: missing required key(s) {missing}")
+    try:
+        return cls(**kwargs)
+    except (TypeError, ValueError) as e:
+        raise ConfigError(f"{path or cls.__name__}: {e}") from e
+
+
+def signature_config(fn, params: dict, path: str) -> dict:
+    """Check keyword arguments for a callable against its signature and annotations."""
+    sig = inspect.signature(fn)
+    try:
+        hints = typing.get_type_hints(fn)
+    except Exception:
+        hints = {}
+    allowed = [n for n, p in sig.parameters.items() if n != "self" and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    out = {}
+    for key, value in (params or {}).items():
+        where = f"{path}.{key}"
+        if key not in allowed:
+            raise ConfigError(f"unknown key {where!r}; allowed keys here: {allowed}.{_suggest(str(key), allowed)}")
+        out[key] = coerce(value, hints.get(key, Any), where)
+    return out
+
+
+def check_time(value: str, path: str) -> Time:
+    try:
+        return Time.parse(value)
+    except (ValueError, TypeError) as e:
+        raise ConfigError(f"{path}: {e}") from e

@@ -6,12 +6,11 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Literal, Optional
 
-from ..config import ConfigError, from_dict
-from ..errors import DataError
-from ..schema import setting
 from ..data.text import (ByteTokenizer, CharTokenizer, EvalWindows, RandomWindows, load_text, load_token_file,
                          split_tokens)
+from ..errors import ConfigError, DataError
 from ..models.gpt import GPT, GPTConfig
+from ..schema import from_dict, setting
 from .base import Built
 
 

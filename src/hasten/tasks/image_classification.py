@@ -11,14 +11,14 @@ from typing import Literal, Optional
 
 import torch
 
-from ..config import ConfigError, _suggest, signature_config
-from ..schema import setting
 from ..data.cifar import MEAN, STD, load_cifar10
 from ..data.device import DeviceLoader
 from ..data.loaders import TensorPairs, make_dataloader
 from ..data.transforms import Normalize, RandomCropFlip
+from ..errors import ConfigError
 from ..models import MODELS
 from ..models.flops import training_flops_per_sample
+from ..schema import _suggest, setting, signature_config
 from ..utils import resolve_device
 from .base import Built
 
