@@ -1,7 +1,9 @@
 """The Trainer: the textbook training loop, with named events between its lines.
 
-Read `fit` and `_train_batch` top to bottom: everything a method changes happens in an
-Algorithm at one of the events, and everything that watches happens in a Callback.
+Read `fit`, `_run_epoch` (one batch: fetch, schedules, step, optimizer, advance, batch end)
+and `_forward_backward` (the micro-steps: forward, loss, reduce, backward) top to bottom:
+everything a method changes happens in an Algorithm at one of the events (or through the
+step and loss seams), and everything that watches happens in a Callback.
 """
 from __future__ import annotations
 
@@ -23,18 +25,14 @@ from .core import Algorithm, Engine, Event, Interval, State, Time, TimeUnit
 from .data.resumable import epoch_iterator
 from .errors import TrainingError
 from .loggers import LogHub
-from .utils import (batch_size, inputs_targets, resolve_device, resolve_precision, seed_everything, split_batch,
-                    to_device)
+from .utils import (batch_size, forward, inputs_targets, resolve_device, resolve_precision, seed_everything,
+                    split_batch, to_device)
 
 # Events as module constants: looking members up on an Enum class is slow in Python 3.11.
 (AFTER_BACKWARD, AFTER_DATALOADER, AFTER_FORWARD, AFTER_LOSS, AFTER_OPTIM_STEP, BATCH_END, BATCH_START, BEFORE_BACKWARD, BEFORE_DATALOADER, BEFORE_FORWARD, BEFORE_LOSS, BEFORE_OPTIM_STEP, CHECKPOINT, EPOCH_END, EPOCH_START, EVAL_BATCH_END, EVAL_BATCH_START, EVAL_END, EVAL_START, FIT_END, FIT_START, INIT, PREDICT_BATCH_END, PREDICT_END, PREDICT_START) = (
     Event.AFTER_BACKWARD, Event.AFTER_DATALOADER, Event.AFTER_FORWARD, Event.AFTER_LOSS, Event.AFTER_OPTIM_STEP, Event.BATCH_END, Event.BATCH_START, Event.BEFORE_BACKWARD, Event.BEFORE_DATALOADER, Event.BEFORE_FORWARD, Event.BEFORE_LOSS, Event.BEFORE_OPTIM_STEP, Event.CHECKPOINT, Event.EPOCH_END, Event.EPOCH_START, Event.EVAL_BATCH_END, Event.EVAL_BATCH_START, Event.EVAL_END, Event.EVAL_START, Event.FIT_END, Event.FIT_START, Event.INIT, Event.PREDICT_BATCH_END, Event.PREDICT_END, Event.PREDICT_START)
 
 PRECISIONS = ("fp32", "bf16-mixed", "fp16-mixed", "auto")   # auto: hasten.utils.resolve_precision
-# events inside a training step: when none has a listener, epochs run the quiet path
-_STEP_EVENTS = frozenset({BEFORE_DATALOADER, AFTER_DATALOADER, BATCH_START, BEFORE_FORWARD, AFTER_FORWARD,
-                          BEFORE_LOSS, AFTER_LOSS, BEFORE_BACKWARD, AFTER_BACKWARD, BEFORE_OPTIM_STEP,
-                          AFTER_OPTIM_STEP})
 _NO_AUTOCAST = contextlib.nullcontext()   # reusable: fp32 steps enter no real context
 
 
@@ -287,7 +285,6 @@ class Trainer:
         for algo in state.algorithms:
             step = algo.wrap_step(step)
         self._step = step
-        self._step_wrapped = step != self._forward_backward
         # the training loss: the task's loss wrapped by every algorithm, built once (the loss seam)
         train_loss = state.loss_fn
         for algo in state.algorithms:
@@ -296,6 +293,9 @@ class Trainer:
         # the default loss with nobody reading per-sample losses: the mean inside the loss kernel
         self._fused_mean = (state.grad_accum == 1 and Event.AFTER_LOSS not in self.engine.active
                             and train_loss is default_loss)
+        self._autocast_ctx = self._autocast()   # one context for every step (fp32: a shared no-op)
+        self._progress_schedules = [s for s in state.schedulers if hasattr(s, "apply")]
+        self._batch_schedulers = [s for s in state.schedulers if not hasattr(s, "apply")]
         state.steps_per_epoch = len(loader) if hasattr(loader, "__len__") else None
         for interval in (self.eval_interval, self.log_interval):
             interval.start(state.timestamp, state.progress)
@@ -313,9 +313,7 @@ class Trainer:
                     run(EPOCH_START)
                 state.steps_per_epoch = len(loader) if hasattr(loader, "__len__") else None
                 batches = epoch_iterator(loader, state.seed, ts.epoch, ts.batch_in_epoch)
-                finished_epoch = (self._run_quiet_epoch(batches) if self._quiet_steps()
-                                  else self._run_epoch(batches))
-                if finished_epoch:
+                if self._run_epoch(batches):
                     self._end_epoch()
             self._finish()
         finally:
@@ -325,160 +323,92 @@ class Trainer:
         return state
 
     def _run_epoch(self, batches) -> bool:
-        """Train until the data runs out (True) or training must stop (False)."""
-        state, run = self.state, self.engine.run
+        """One epoch, a batch at a time, top to bottom, with the events between the lines.
+        True when the data ran out, False when training must stop. An event nobody listens
+        to costs one dictionary look-up in `fire`."""
+        state, fire, perf_counter = self.state, self.engine.run, time.perf_counter
+        on_cpu, device, batch_fn, count_tokens = self._on_cpu, self.device, self.batch_fn, self.count_tokens
+        optimizers, scaler, advance, step = state.optimizers, state.scaler, state.timestamp.advance, self._step
+        progress_schedules, batch_schedulers = self._progress_schedules, self._batch_schedulers
         while True:
-            run(BEFORE_DATALOADER)
-            t0 = time.perf_counter()
+            fire(BEFORE_DATALOADER)
+            t0 = perf_counter()
             try:
-                batch = next(batches)
+                batch = next(batches)                                  # fetch
             except StopIteration:
                 return True
             except Exception:
                 if self._stop_on_signal():   # Ctrl-C reached loader workers too: the last step is saved
                     return False
                 raise
-            state.batch = batch if self._on_cpu else to_device(batch, self.device)
-            run(AFTER_DATALOADER)
-            self._train_batch(t0)
-            if self._after_batch():
+            state.batch = batch if on_cpu else to_device(batch, device)
+            fire(AFTER_DATALOADER)
+            for sched in progress_schedules:                           # learning rate (and more) from progress
+                sched.apply(state)
+            fire(BATCH_START)
+            batch = state.batch
+            n_samples = batch[0].shape[0] if type(batch) is tuple or type(batch) is list else batch_size(batch)
+            n_tokens = count_tokens(batch_fn(batch)[1])
+            step(state)                                                # forward, loss, reduce, backward
+            fire(BEFORE_OPTIM_STEP)                                    # gradient clipping happens here
+            if scaler is None:
+                for opt in optimizers:
+                    opt.step()
+            else:
+                for opt in optimizers:
+                    scaler.step(opt)
+                scaler.update()
+            fire(AFTER_OPTIM_STEP)
+            for opt in optimizers:
+                opt.zero_grad(set_to_none=True)
+            for sched in batch_schedulers:                             # torch schedulers: once per batch
+                sched.step()
+            advance(n_samples, n_tokens, perf_counter() - t0)
+            if self._after_batch():                                    # log, evaluate, checkpoint; stop?
                 return self._epoch_complete()
+
+    def _forward_backward(self, state: State) -> None:
+        """The default step (algorithms may wrap it): forward, loss, reduction and backward
+        of every micro-batch; `micro_batch_weight` is a micro-batch's share of the samples."""
+        fire, autocast, batch_fn, k = self.engine.run, self._autocast_ctx, self.batch_fn, state.grad_accum
+        batch = state.batch
+        micros = (batch,) if k == 1 else split_batch(batch, k)
+        total = batch_size(batch) if k > 1 else 1
+        for i, micro in enumerate(micros):
+            state.micro_batch, state.micro_batch_index = micro, i
+            state.micro_batch_weight = 1.0 if k == 1 else batch_size(micro) / total
+            fire(BEFORE_FORWARD)
+            inputs, targets = batch_fn(state.micro_batch)
+            with autocast:
+                state.outputs = forward(state.forward_model, inputs)
+            fire(AFTER_FORWARD)
+            fire(BEFORE_LOSS)
+            with autocast:
+                state.loss = self._training_loss(state.outputs, targets)
+            state.loss_count = state.loss.numel()
+            fire(AFTER_LOSS)                                           # per-sample losses: reweight, drop
+            state.loss = loss = self.reduce_loss(state.loss)
+            state.step_losses.append(loss.detach())                    # read at log points only
+            fire(BEFORE_BACKWARD)
+            (loss if state.scaler is None else state.scaler.scale(loss)).backward()
+            fire(AFTER_BACKWARD)
 
     def _epoch_complete(self) -> bool:
         """After a stop: the epoch is complete when its last batch was the stopping point."""
         spe = self.state.steps_per_epoch
         return not self._signal.is_set() and spe is not None and self.state.timestamp.batch_in_epoch >= spe
 
-    def _train_batch(self, t0: float) -> None:
-        state, run = self.state, self.engine.run
-        self._apply_schedules()
-        run(BATCH_START)
-        batch = state.batch
-        n_samples = batch[0].shape[0] if type(batch) is tuple or type(batch) is list else batch_size(batch)
-        n_tokens = self.count_tokens(self.batch_fn(batch)[1])
-        self._step(state)
-        run(BEFORE_OPTIM_STEP)
-        self._optimizer_step(AFTER_OPTIM_STEP in self.engine.active)
-        state.timestamp.advance(n_samples, n_tokens, time.perf_counter() - t0)
-
-    def _apply_schedules(self) -> None:
-        """hasten schedules set the learning rate (and more) from the run's progress."""
-        state = self.state
-        for sched in state.schedulers:
-            if hasattr(sched, "apply"):
-                sched.apply(state)
-
-    def _optimizer_step(self, fire_after: bool) -> None:
-        """Step, (fire AFTER_OPTIM_STEP), zero the gradients, step torch schedulers. Clipping
-        happened at BEFORE_OPTIM_STEP (GradientClipping; grad_clip_norm builds one)."""
-        state = self.state
-        scaler = state.scaler
-        for opt in state.optimizers:
-            if scaler is not None:
-                scaler.step(opt)
-            else:
-                opt.step()
-        if scaler is not None:
-            scaler.update()
-        if fire_after:
-            self.engine.run(AFTER_OPTIM_STEP)
-        for opt in state.optimizers:
-            opt.zero_grad(set_to_none=True)
-        for sched in state.schedulers:
-            if not hasattr(sched, "apply"):
-                sched.step()
-
-    # ------------------------------------------------------------------ the quiet path
-    def _quiet_steps(self) -> bool:
-        """True when nothing listens inside a step: no algorithm or callback on the data,
-        batch-start, forward, loss, backward or optimizer events, no wrapped step, one
-        micro-batch. Such epochs run `_run_quiet_epoch`, which does the same work as
-        `_run_epoch` + `_train_batch` + `_micro_step` with no event dispatch in between
-        (tests check that both give the same weights, bit for bit). Asked at each epoch start."""
-        return (self.state.grad_accum == 1 and not self._step_wrapped
-                and not (self.engine.active & _STEP_EVENTS))
-
-    def _run_quiet_epoch(self, batches) -> bool:
-        """`_run_epoch` for quiet steps: the plain loop, plus the Trainer's bookkeeping."""
-        state, perf_counter = self.state, time.perf_counter
-        autocast = self._autocast()   # fp32: a shared no-op context; autocast objects can be re-entered
-        batch_fn, count_tokens, on_cpu = self.batch_fn, self.count_tokens, self._on_cpu
-        step_losses, after_batch, advance = state.step_losses, self._after_batch, state.timestamp.advance
-        while True:
-            t0 = perf_counter()
-            try:
-                batch = next(batches)
-            except StopIteration:
-                return True
-            except Exception:
-                if self._stop_on_signal():   # Ctrl-C reached loader workers too: the last step is saved
-                    return False
-                raise
-            if not on_cpu:
-                batch = to_device(batch, self.device)
-            state.batch = state.micro_batch = batch
-            self._apply_schedules()
-            inputs, targets = batch_fn(batch)
-            n_samples = batch[0].shape[0] if type(batch) is tuple or type(batch) is list else batch_size(batch)
-            fused = self._fused_mean   # nobody needs per-sample losses
-            with autocast:
-                state.outputs = out = (state.forward_model(**inputs) if isinstance(inputs, dict)
-                                       else state.forward_model(inputs))
-                try:
-                    loss = default_loss(out, targets, reduction="mean") if fused else state.train_loss_fn(out, targets)
-                except _LOSS_FAULTS as e:
-                    raise loss_fault(e, out, targets) from e
-            if not fused:
-                if not isinstance(loss, torch.Tensor):
-                    raise loss_fault(None, out, targets, loss)
-                state.loss_count = loss.numel()
-                loss = self.reduce_loss(loss)
-            state.loss = loss
-            step_losses.append(loss.detach())
-            (loss if state.scaler is None else state.scaler.scale(loss)).backward()
-            self._optimizer_step(False)
-            advance(n_samples, count_tokens(targets), perf_counter() - t0)
-            if after_batch():
-                return self._epoch_complete()
-
-    def _forward_backward(self, state: State) -> None:
-        """Forward and backward of every micro-batch of the step (the default step)."""
-        batch = state.batch
-        if state.grad_accum == 1:
-            self._micro_step(state, batch, 0, 1.0)
-            return
-        total = batch_size(batch)
-        for i, micro in enumerate(split_batch(batch, state.grad_accum)):
-            self._micro_step(state, micro, i, batch_size(micro) / total)
-
-    def _micro_step(self, state: State, micro, index: int, weight: float) -> None:
-        """Forward, loss and backward of one micro-batch; `weight` is its share of the step's samples."""
-        run, autocast = self.engine.run, self._autocast
-        state.micro_batch, state.micro_batch_index, state.micro_batch_weight = micro, index, weight
-        run(BEFORE_FORWARD)
-        inputs, targets = self.batch_fn(state.micro_batch)
-        with autocast():
-            state.outputs = (state.forward_model(**inputs) if isinstance(inputs, dict)
-                             else state.forward_model(inputs))
-        run(AFTER_FORWARD)
-        run(BEFORE_LOSS)
-        with autocast():
-            try:
-                if self._fused_mean:   # nobody needs per-sample losses
-                    state.loss = default_loss(state.outputs, targets, reduction="mean")
-                else:
-                    state.loss = state.train_loss_fn(state.outputs, targets)
-            except _LOSS_FAULTS as e:
-                raise loss_fault(e, state.outputs, targets) from e
-        if not isinstance(state.loss, torch.Tensor):
-            raise loss_fault(None, state.outputs, targets, state.loss)
-        state.loss_count = state.loss.numel()
-        run(AFTER_LOSS)
-        state.loss = self.reduce_loss(state.loss)
-        state.step_losses.append(state.loss.detach())
-        run(BEFORE_BACKWARD)
-        (state.loss if state.scaler is None else state.scaler.scale(state.loss)).backward()
-        run(AFTER_BACKWARD)
+    def _training_loss(self, outputs, targets) -> torch.Tensor:
+        """The training loss (the task's loss as algorithms wrapped it); the default loss's
+        mean inside the kernel when nobody reads per-sample losses."""
+        try:
+            loss = (default_loss(outputs, targets, reduction="mean") if self._fused_mean
+                    else self.state.train_loss_fn(outputs, targets))
+        except _LOSS_FAULTS as e:
+            raise loss_fault(e, outputs, targets) from e
+        if not isinstance(loss, torch.Tensor):
+            raise loss_fault(None, outputs, targets, loss)
+        return loss
 
     def reduce_loss(self, loss: torch.Tensor) -> torch.Tensor:
         """Mean over the samples of the whole step: sum / count, weighted by micro-batch share.
@@ -632,7 +562,7 @@ class Trainer:
             run(EVAL_BATCH_START)
             inputs, targets = self.batch_fn(state.batch)
             with self._autocast():
-                outputs = state.forward_model(**inputs) if isinstance(inputs, dict) else state.forward_model(inputs)
+                outputs = forward(state.forward_model, inputs)
                 state.outputs = outputs
                 if targets is not None:
                     try:
@@ -672,7 +602,7 @@ class Trainer:
             state.batch = to_device(batch, self.device)
             inputs, _ = self.batch_fn(state.batch) if isinstance(batch, (list, tuple, dict)) else (state.batch, None)
             with self._autocast():
-                state.outputs = state.forward_model(**inputs) if isinstance(inputs, dict) else state.forward_model(inputs)
+                state.outputs = forward(state.forward_model, inputs)
             run(PREDICT_BATCH_END)
             outs.append(state.outputs.detach().cpu() if isinstance(state.outputs, torch.Tensor) else state.outputs)
         run(PREDICT_END)

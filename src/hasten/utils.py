@@ -72,6 +72,12 @@ def resolve_precision(precision: str, device: torch.device, flags: frozenset | N
     return "fp32"
 
 
+def forward(model, inputs):
+    """The one way hasten calls a model: keyword inputs for a dict (Hugging Face style),
+    positional otherwise."""
+    return model(**inputs) if isinstance(inputs, dict) else model(inputs)
+
+
 def to_device(batch, device: torch.device):
     """Move every tensor in a (nested) batch to `device`."""
     if isinstance(batch, torch.Tensor):

@@ -11,8 +11,7 @@ def install(monkeypatch, quiet: bool = False):
     CHECKPOINT (the body of a training step); returns the Algorithm that arms the trap.
     `algo.steps` counts trapped steps.
 
-    quiet=True returns a Callback instead, which listens to no event inside a step (so the
-    Trainer keeps its quiet path): it arms the trap at each batch's CHECKPOINT of a run that
+    quiet=True returns a Callback instead, which listens to no event inside a step: it arms the trap at each batch's CHECKPOINT of a run that
     goes on and disarms it at the next BATCH_END (before any logging) and at EPOCH_END and
     FIT_END; the first batch of each epoch is not trapped."""
     trap = {"on": False}

@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 
 from ..core import Algorithm, Time
-from ..utils import batch_size, index_batch
+from ..utils import batch_size, forward, index_batch
 
 
 def select_hardest(losses: torch.Tensor, keep: float) -> torch.Tensor:
@@ -28,7 +28,7 @@ def select_hardest(losses: torch.Tensor, keep: float) -> torch.Tensor:
 def per_sample_losses(model, state, batch) -> torch.Tensor:
     inputs, targets = state.batch_fn(batch)
     with torch.no_grad(), state.autocast():
-        outputs = model(**inputs) if isinstance(inputs, dict) else model(inputs)
+        outputs = forward(model, inputs)
         losses = (state.train_loss_fn or state.loss_fn)(outputs, targets)
     n = batch_size(batch)
     if losses.dim() == 0 or losses.numel() % n:
