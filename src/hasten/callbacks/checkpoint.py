@@ -161,8 +161,8 @@ class Checkpoint(Callback):
         self.saved = [s for s in self.saved if s["name"] != name]
         self.saved.append({"name": name, "run": self.run_id, "batch": state.timestamp.batch, "metric": metric})
         self._write_index()      # the new checkpoint is recorded before anything is pruned
-        self._prune()
-        self._write_index()
+        if self._prune():
+            self._write_index()
         return str(path)
 
     # ------------------------------------------------------------------ keep and prune
@@ -174,12 +174,16 @@ class Checkpoint(Callback):
             keep |= {s["name"] for s in ranked[: self.keep_best]}
         return keep
 
-    def _prune(self) -> None:
+    def _prune(self) -> bool:
+        """Remove this run's checkpoints that are neither among the last N nor the best k;
+        True when the index changed."""
         keep = self._keep()
         for s in self.saved:
             if s["name"] not in keep:
                 remove_owned(self.folder, s["name"])
+        before = len(self.saved)
         self.saved = [s for s in self.saved if s["name"] in keep]
+        return len(self.saved) != before
 
     def _write_index(self) -> None:
         best = self.best_path
