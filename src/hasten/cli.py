@@ -94,7 +94,6 @@ def _check_bench_input(args, specs: list) -> None:
     the evaluation cadence, and every recipe with its overrides (loaded and validated here,
     algorithms' arguments included)."""
     from .bench.target import Target
-    from .build import build_algorithms
     from .config import check_time, load_recipe
     Target.parse(args.target)
     if args.seeds < 1:
@@ -105,7 +104,7 @@ def _check_bench_input(args, specs: list) -> None:
         check_time(args.eval_every, "--eval-every")
     for spec in specs:
         try:
-            build_algorithms(load_recipe(spec.recipe, spec.overrides))
+            load_recipe(spec.recipe, spec.overrides)   # validates every value, algorithm arguments included
         except ConfigError as e:
             raise ConfigError(f"recipe {spec.label}: {e}") from None
 
