@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from hasten.bench.worker import machine as hasten_machine
+from hasten.provenance import code_version
 
 RESULTS = Path(__file__).parent / "results"
 
@@ -38,7 +39,7 @@ def git_dirty() -> bool | None:
 def write_results(name: str, data: dict, markdown: str) -> tuple[Path, Path]:
     RESULTS.mkdir(parents=True, exist_ok=True)
     data = {"benchmark": name, "command": "python " + " ".join(sys.argv), "commit": git_commit(),
-            "dirty": git_dirty(), "machine": machine(), **data}
+            "dirty": git_dirty(), "code": code_version(), "machine": machine(), **data}
     j, m = RESULTS / f"{name}.json", RESULTS / f"{name}.md"
     j.write_text(json.dumps(data, indent=2) + "\n")
     m.write_text(markdown.rstrip() + f"\n\nCommand: `{data['command']}` (commit {data['commit']}{', with uncommitted changes' if data['dirty'] else ''}); "

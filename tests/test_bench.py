@@ -212,3 +212,32 @@ def test_harness_detects_a_known_slowdown_and_not_a_phantom_one(tmp_path, capsys
     # every run also recorded its progress at log points (every 10 batches of 40 here)
     runs = [json.loads(ln) for ln in (tmp_path / "t" / "runs.jsonl").read_text().splitlines()]
     assert all(r["progress"]["batch"] == 40 and 0 < r["progress"]["train_s"] <= r["final"]["train_s"] for r in runs)
+
+
+def test_records_and_reports_name_the_code_that_ran(tmp_path):
+    import subprocess
+    from pathlib import Path as _P
+
+    import hasten
+    from hasten.provenance import code_version, describe, source_hash
+    code = code_version()
+    assert code["hasten"] == hasten.__version__ and len(code["source_sha256"]) == 64
+    pkg = _P(hasten.__file__).resolve().parent
+    top = subprocess.run(["git", "rev-parse", "--show-toplevel"], cwd=pkg, capture_output=True, text=True)
+    if top.returncode == 0 and pkg.is_relative_to(_P(top.stdout.strip()).resolve()):   # an editable checkout
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=pkg, capture_output=True, text=True).stdout.strip()
+        assert code["commit"] == head and isinstance(code["dirty"], bool)
+    else:   # an installed wheel: no commit, the source hash stands for the code
+        assert code["commit"] is None
+    # the hash follows the content
+    (tmp_path / "a.py").write_text("x = 1\n")
+    first = source_hash(tmp_path)
+    (tmp_path / "a.py").write_text("x = 2\n")
+    assert source_hash(tmp_path) != first
+    runs = [_run("a", s, [(1.0, 0.9)]) for s in range(2)]
+    for r in runs:
+        r["final"]["code"] = {"hasten": "0.1.0", "source_sha256": "ab" * 32, "commit": "c0ffee1234abcd", "dirty": True}
+    R.write_report(runs, ["a"], Target.parse("val/acc>=0.5"), tmp_path, "t")
+    md = (tmp_path / "report.md").read_text()
+    assert "Code: commit c0ffee1234 (with uncommitted changes), hasten 0.1.0, source sha256 abababababab" in md
+    assert describe(None).startswith("code not recorded")

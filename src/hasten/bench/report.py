@@ -18,6 +18,7 @@ import math
 from pathlib import Path
 
 from ..errors import HastenError
+from ..provenance import describe as describe_code
 from .runner import COUNTED, outcome
 from .stats import describe, ratio_ci, welch_t_test
 from .target import Target
@@ -106,6 +107,8 @@ def analyse(runs: list[dict], labels: list[str], target: Target) -> dict:
         rec["metric_welch_vs_first"] = welch_t_test(p["finals"], base["finals"])
     machines = {json.dumps(r["final"]["machine"], sort_keys=True) for r in runs if r.get("final")}
     out["machines"] = [json.loads(m) for m in machines]
+    codes = {json.dumps(r["final"].get("code"), sort_keys=True) for r in runs if r.get("final")}
+    out["code"] = [json.loads(c) for c in sorted(codes)]
     return out
 
 
@@ -164,6 +167,8 @@ def markdown(analysis: dict, title: str, command: str | None = None) -> str:
     if analysis.get("interrupted"):
         lines += ["", "Interrupted, not counted (continue the comparison to rerun): "
                   + ", ".join(f"{i['label']} seed {i['seed']}" for i in analysis["interrupted"])]
+    for code in analysis.get("code", []):
+        lines += ["", f"Code: {describe_code(code)}"]
     for mach in analysis.get("machines", []):
         feats = mach.get("cpu_features")
         lines += ["", f"Machine: {mach.get('cpu')}" + (f" ({', '.join(feats) or 'no AVX2'})" if feats is not None else "")

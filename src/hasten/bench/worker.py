@@ -7,7 +7,8 @@ happens (so a run stopped by the time cap keeps its history), one per log point 
 training time and samples so far (so a capped run tells its speed even before its first
 evaluation), and a final line with the
 totals: data set-up, warm-up, training, evaluation and method set-up seconds, samples,
-tokens, peak memory and a description of the machine.
+tokens, peak memory, a description of the machine and the code that ran (commit and
+whether the tree was dirty, or the version and a hash of the package's source).
 """
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ import time
 import torch
 
 from ..allocator import host_allocator_state
+from ..provenance import code_version
 from ..utils import cpu_flags
 from ..core import Callback
 
@@ -118,7 +120,8 @@ def main(spec_path: str, out_path: str) -> int:
             "token": ts.token, "train_s": ts.train_seconds, "warmup_s": rec.warmup_s(state), "eval_s": rec.eval_s,
             "data_setup_s": data_setup_s, "method_setup_s": float(state.extra.get("bench/method_setup_s", 0.0)),
             "fit_wall_s": fit_wall, "total_wall_s": time.perf_counter() - t0, "peak_memory_bytes": peak,
-            "stop_reason": state.stop_reason, "device": str(state.device), "machine": machine()}) + "\n")
+            "stop_reason": state.stop_reason, "device": str(state.device), "machine": machine(),
+            "code": code_version()}) + "\n")
     return 0
 
 
