@@ -14,6 +14,7 @@ import math
 from pathlib import Path
 
 from ..config import load_recipe, to_dict
+from ..provenance import describe as describe_code
 from .runner import COUNTED, outcome
 from .report import _f, final_metric, header, pyplot, latest_per_run, time_to_target, timed_duration
 from .runner import Spec
@@ -141,6 +142,8 @@ def ladder_markdown(runs: list[dict], steps: list[tuple[str, Spec]], target: Tar
         lines.append(f"| {r['step']} | {','.join(r['status'])} | {r['reached']}/{r['runs']} | {_f(r['time_to_target_s'], 1)} | "
                      f"{_f(r['samples_to_target'], 0)} | {_f(ms, 1)} | {final} | "
                      f"{_f(r.get('systems_x'), 2)} | {_f(r.get('algorithmic_x'), 2)} | {_f(r.get('cumulative_x'), 2)} |")
+    codes = {json.dumps(r["final"].get("code"), sort_keys=True) for r in runs if r.get("final")}
+    lines += [""] + [f"Code: {describe_code(json.loads(c))}" for c in sorted(codes)]
     return "\n".join(lines) + "\n", rows
 
 
