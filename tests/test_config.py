@@ -74,3 +74,21 @@ def test_parse_override_values():
     assert parse_override("a.b=[1, 2]") == (["a", "b"], [1, 2])
     assert parse_override("a=true") == (["a"], True)
     assert parse_override("a=1e-3") == (["a"], 1e-3)
+
+
+def test_every_field_has_a_docstring_and_the_generated_reference_is_current():
+    import dataclasses
+    from pathlib import Path
+
+    from hasten.config import OptimizerConfig, ScheduleConfig, TrainerConfig, reference
+    from hasten.schema import field_docs
+    from hasten.tasks import TASKS
+    classes = [TrainerConfig, OptimizerConfig, ScheduleConfig] + [t.DataConfig for t in TASKS.values()]
+    classes += [t.ModelConfig for t in TASKS.values() if hasattr(t, "ModelConfig")]
+    for cls in classes:
+        docs = field_docs(cls)
+        missing = [f.name for f in dataclasses.fields(cls) if not docs.get(f.name)]
+        assert not missing, f"{cls.__qualname__}: fields without a docstring under them: {missing}"
+    doc = Path(__file__).parent.parent / "docs" / "configuration-reference.md"
+    assert doc.read_text() == reference(), \
+        "docs/configuration-reference.md is stale: run python -m hasten.config > docs/configuration-reference.md"

@@ -31,63 +31,112 @@ RECIPE_SCHEMA_VERSION = 1   # recipe.yaml files in run folders record it; raise 
 # ------------------------------------------------------------------------------ sections
 @dataclass
 class TrainerConfig:
+    """The `trainer` section: how long, how often, on what, with which precision."""
     max_duration: str = setting("1ep", time=True)
+    """Length of the run in typed time: ep, ba, sp, tok, or wall-clock s/m/h (not dur)."""
     eval_interval: str = setting("1ep", time=True)
+    """How often to evaluate (typed time; dur fractions allowed)."""
     log_interval: str = setting("50ba", time=True)
-    precision: Literal["fp32", "bf16-mixed", "fp16-mixed", "auto"] = "fp32"   # auto: bf16-mixed where the hardware has bf16 (CUDA, AVX512-BF16/AMX CPUs), else fp32
+    """How often to log the training loss and throughput (typed time)."""
+    precision: Literal["fp32", "bf16-mixed", "fp16-mixed", "auto"] = "fp32"
+    """auto: bf16-mixed where the hardware has bf16 (CUDA, AVX512-BF16/AMX CPUs), fp32 elsewhere."""
     device: str = setting("auto", check=device_string)
+    """auto (CUDA, then MPS, then CPU), cpu, cuda, cuda:N or mps."""
     compile: bool = False
+    """Run the forward pass under torch.compile."""
     grad_accum: int = setting(1, ge=1)
+    """Split each batch into this many micro-batches (the same step as one large batch)."""
     grad_clip_norm: Optional[float] = setting(None, gt=0)
+    """Clip the global gradient norm to this value (adds a GradientClipping algorithm)."""
     seed: int = setting(0, ge=0)
-    run_dir: Optional[str] = None       # default: runs/<recipe>-<date-time>
-    save_interval: Optional[str] = setting(None, time=True)  # default: checkpoints at eval points and at the end
+    """Seed of model initialisation, data order and augmentation."""
+    run_dir: Optional[str] = None
+    """The run folder; default runs/RECIPE-DATE-TIME."""
+    save_interval: Optional[str] = setting(None, time=True)
+    """How often to write a checkpoint; default: at evaluation points and at the end."""
     keep_last: int = setting(1, ge=1)
-    checkpoints: bool = True             # false: write no checkpoints (benchmarks)
+    """How many of the run's latest checkpoints to keep."""
+    checkpoints: bool = True
+    """false: write no checkpoints (benchmarks)."""
     autoresume: bool = False
+    """Continue from the newest checkpoint in run_dir (hasten train --resume RUN_DIR sets it)."""
     load_path: Optional[str] = None
+    """Start from this checkpoint (weights, optimizer, clock); the run gets its own folder."""
     progress_bar: bool = True
-    tensorboard: bool = True             # when the tensorboard package is installed
-    threads: Optional[int] = setting(None, ge=1)  # torch.set_num_threads; default: leave as is
-    host_allocator: Literal["auto", "tuned", "default"] = "auto"  # glibc malloc settings; auto: tuned for CPU runs (hasten.allocator)
+    """Show a progress bar with throughput."""
+    tensorboard: bool = True
+    """Write TensorBoard event files, when the tensorboard package is installed."""
+    threads: Optional[int] = setting(None, ge=1)
+    """torch.set_num_threads; default: leave as it is."""
+    host_allocator: Literal["auto", "tuned", "default"] = "auto"
+    """glibc malloc settings; auto: tuned for CPU runs (hasten.allocator)."""
 
 
 @dataclass
 class OptimizerConfig:
-    name: Literal["sgd", "sgdw", "adamw", "adam", "muon"] = "adamw"   # muon: Muon for hidden matrices and conv kernels + muon_others for the rest; sgdw: SGD with decoupled weight decay
+    """The `optimizer` section."""
+    name: Literal["sgd", "sgdw", "adamw", "adam", "muon"] = "adamw"
+    """muon: Muon for hidden matrices and conv kernels, muon_others for the rest; sgdw: SGD with decoupled weight decay."""
     lr: float = setting(1e-3, ge=0)
+    """Learning rate (of the non-Muon parameters with name=muon)."""
     momentum: float = setting(0.9, ge=0, lt=1)
+    """SGD momentum (sgd, sgdw, and muon_others=sgd)."""
     nesterov: bool = False
+    """Nesterov momentum for SGD."""
     betas: list[float] = setting(default_factory=lambda: [0.9, 0.999], check=fractions_below_one)
+    """Adam's betas, each in [0, 1)."""
     eps: float = setting(1e-8, gt=0)
+    """Adam's epsilon."""
     weight_decay: float = setting(0.0, ge=0)
-    decay_min_dim: int = setting(2, ge=0)  # parameters with fewer dimensions get no weight decay
-    no_decay: list[str] = field(default_factory=list)  # name patterns without weight decay
-    lr_multipliers: dict[str, float] = field(default_factory=dict)  # name pattern -> multiple of lr
-    decay_ignores_lr_mult: bool = False  # true: a group at m x lr gets weight_decay / m (same decay per step)
-    per_example: bool = False            # sgdw: lr and weight_decay stated per example, momentum's gain included
-    fused: Optional[bool] = None         # default: fused when the device supports it
+    """Weight decay (decoupled for adamw and sgdw)."""
+    decay_min_dim: int = setting(2, ge=0)
+    """Parameters with fewer dimensions (biases, norms) get no weight decay."""
+    no_decay: list[str] = field(default_factory=list)
+    """Parameter name patterns that get no weight decay."""
+    lr_multipliers: dict[str, float] = field(default_factory=dict)
+    """Name pattern -> multiple of lr for those parameters."""
+    decay_ignores_lr_mult: bool = False
+    """true: a group at m x lr gets weight_decay / m (the same decay per step)."""
+    per_example: bool = False
+    """sgdw: lr and weight_decay stated per example, momentum's gain included."""
+    fused: Optional[bool] = None
+    """Use the fused optimizer kernels; default: where the device supports them."""
     muon_lr: float = setting(0.02, ge=0)
+    """Muon's learning rate."""
     muon_momentum: float = setting(0.95, ge=0, lt=1)
+    """Muon's momentum."""
     muon_weight_decay: float = setting(0.0, ge=0)
-    muon_ns_steps: int = setting(5, ge=1)  # Newton-Schulz iterations per update
-    muon_adjust_lr: Optional[str] = None   # torch.optim.Muon adjust_lr_fn: None/'original' or 'match_rms_adamw'
-    muon_normalize: bool = False           # rescale each Muon parameter to norm sqrt(rows) before its update
-    muon_ns_dtype: Literal["auto", "bf16", "fp32"] = "auto"   # Newton-Schulz precision; auto: bf16 on GPUs and bf16 CPUs, fp32 elsewhere
-    muon_others: Literal["adamw", "sgd"] = "adamw"  # the optimizer of the rest: adamw (lr, betas, one group) or sgd (lr, momentum, nesterov, parameter-group rules)
+    """Muon's weight decay."""
+    muon_ns_steps: int = setting(5, ge=1)
+    """Newton-Schulz iterations per update."""
+    muon_adjust_lr: Optional[str] = None
+    """torch.optim.Muon adjust_lr_fn: null/'original' or 'match_rms_adamw'."""
+    muon_normalize: bool = False
+    """Rescale each Muon parameter to norm sqrt(rows) before its update."""
+    muon_ns_dtype: Literal["auto", "bf16", "fp32"] = "auto"
+    """Newton-Schulz precision; auto: bf16 on GPUs and bf16 CPUs, fp32 elsewhere."""
+    muon_others: Literal["adamw", "sgd"] = "adamw"
+    """The optimizer of the rest: adamw (lr, betas, one group) or sgd (lr, momentum, nesterov, group rules)."""
 
 
 @dataclass
 class ScheduleConfig:
+    """The `schedule` section: the learning rate as a function of progress (hasten.optim.LRSchedule)."""
     name: Literal["constant", "linear", "cosine", "wsd"] = "constant"
+    """The shape after warm-up; wsd: warm-up, stable, decay (warmdown)."""
     warmup: str = setting("0ba", time=True)
+    """Linear warm-up from start_factor x lr (typed time)."""
     warmdown: Optional[str] = setting(None, time=True)
+    """wsd: the length of the final decay (typed time)."""
     min_factor: float = setting(0.0, ge=0)
+    """The lr at the end, as a multiple of lr."""
     start_factor: float = setting(0.0, ge=0)
+    """The lr at the start of warm-up, as a multiple of lr."""
 
 
 @dataclass
 class Recipe:
+    """A whole recipe: the sections above, the task's model and data sections, and the algorithms."""
     task: str
     description: str = ""
     model: dict = field(default_factory=dict)
@@ -234,6 +283,34 @@ def validate(raw: dict) -> Recipe:
     return recipe
 
 
+def reference() -> str:
+    """docs/configuration-reference.md, generated from the config classes and the docstring
+    under each field: `python -m hasten.config > docs/configuration-reference.md`."""
+    from .schema import reference_table
+    parts = ["# Configuration reference", "",
+             "Generated from the config classes (`python -m hasten.config > docs/configuration-reference.md`); "
+             "a test checks that it is current. Ranges are checked when a recipe is loaded. "
+             "See [configuration.md](configuration.md) for recipes and overrides.", ""]
+    sections = [("trainer", TrainerConfig), ("optimizer", OptimizerConfig), ("schedule", ScheduleConfig)]
+    for name, cls in sections:
+        parts += [f"## {name}", "", (cls.__doc__ or "").strip(), "", reference_table(cls, name), ""]
+    for task_name in sorted({t.__name__: n for n, t in TASKS.items()}.values()):
+        task = TASKS[task_name]
+        aliases = sorted(n for n, t in TASKS.items() if t is task)
+        parts += [f"## data (task: {' or '.join(aliases)})", "", reference_table(task.DataConfig, "data"), ""]
+        model_cls = getattr(task, "ModelConfig", None)
+        if model_cls is not None:
+            parts += [f"## model (task: {' or '.join(aliases)})", "", reference_table(model_cls, "model"), ""]
+        else:
+            parts += [f"## model (task: {' or '.join(aliases)})", "",
+                      "`model.name` picks a model of `hasten.models.MODELS`; the other keys are its constructor's "
+                      "arguments, checked against its signature.", ""]
+    parts += ["## algorithms", "", "`algorithms.NAME` takes the keyword arguments of the algorithm registered "
+              "as NAME (`hasten.algorithms.REGISTRY`); their values are checked by building the algorithm. "
+              "Each algorithm's card in [methods/](methods/) lists its knobs.", ""]
+    return "\n".join(parts)
+
+
 def to_dict(recipe: Recipe) -> dict:
     """A plain, YAML-able dict of a validated recipe (for run folders and reports)."""
     def plain(v):
@@ -245,3 +322,7 @@ def to_dict(recipe: Recipe) -> dict:
             return [plain(x) for x in v]
         return v
     return plain(recipe)
+
+
+if __name__ == "__main__":
+    print(reference(), end="")

@@ -216,3 +216,56 @@ def check_time(value: str, path: str) -> Time:
         return Time.parse(value)
     except (ValueError, TypeError) as e:
         raise ConfigError(f"{path}: {e}") from e
+
+
+# ---------------------------------------------------------------------------- the reference
+def field_docs(cls) -> dict[str, str]:
+    """The docstring under each field of dataclass `cls` (and its bases), read from the source."""
+    import ast
+    import textwrap
+    out: dict[str, str] = {}
+    for klass in reversed(cls.__mro__):
+        if not dataclasses.is_dataclass(klass):
+            continue
+        try:
+            tree = ast.parse(textwrap.dedent(inspect.getsource(klass)))
+        except (OSError, TypeError):
+            continue
+        body = tree.body[0].body
+        for node, nxt in zip(body, body[1:]):
+            if (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and isinstance(nxt, ast.Expr)
+                    and isinstance(nxt.value, ast.Constant) and isinstance(nxt.value.value, str)):
+                out[node.target.id] = " ".join(nxt.value.value.split())
+    return out
+
+
+def _default(f: dataclasses.Field) -> str:
+    if f.default is not _MISSING:
+        v = f.default
+    elif f.default_factory is not _MISSING:
+        v = f.default_factory()
+    else:
+        return "(required)"
+    return "null" if v is None else repr(v) if isinstance(v, str) else str(v).lower() if isinstance(v, bool) else str(v)
+
+
+def _allowed(f: dataclasses.Field, tp) -> str:
+    if typing.get_origin(tp) is Literal:
+        return " \\| ".join(str(a) for a in typing.get_args(tp))
+    meta = f.metadata
+    parts = [_range(meta)] if _range(meta) else []
+    if meta.get("time"):
+        parts.append("typed time")
+    return ", ".join(parts)
+
+
+def reference_table(cls, section: str) -> str:
+    """A markdown table of `cls`'s fields: key, type, default, allowed values, description."""
+    hints, docs = typing.get_type_hints(cls), field_docs(cls)
+    rows = ["| key | type | default | allowed | description |", "|---|---|---|---|---|"]
+    for f in dataclasses.fields(cls):
+        tp = hints[f.name]
+        kind = "choice" if typing.get_origin(tp) is Literal else _type_name(tp)
+        rows.append(f"| `{section}.{f.name}` | {kind} | `{_default(f)}` | {_allowed(f, tp)} | "
+                    f"{docs.get(f.name, '').replace('|', '/')} |")
+    return "\n".join(rows)

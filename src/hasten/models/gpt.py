@@ -21,18 +21,31 @@ from ..schema import setting
 @dataclass
 class GPTConfig:
     vocab_size: int = setting(65, ge=1)
+    """Vocabulary size (set from the tokenizer for character and byte text)."""
     block_size: int = setting(64, ge=1)
+    """Longest context (at least the data's block sizes)."""
     n_layer: int = setting(4, ge=1)
+    """Transformer blocks."""
     n_head: int = setting(4, ge=1)
+    """Attention heads (n_embd must divide by it)."""
     n_embd: int = setting(128, ge=1)
+    """Width of the residual stream."""
     dropout: float = setting(0.0, ge=0, lt=1)
+    """Dropout probability."""
     bias: bool = False
+    """Biases in Linear and LayerNorm layers."""
     pos: Literal["learned", "rope"] = "learned"
+    """Learned position embeddings or rotary positions."""
     qk_norm: bool = False
+    """Normalise queries and keys before attention."""
     mlp: Literal["gelu", "relu2"] = "gelu"
+    """MLP activation: GELU or ReLU squared."""
     mlp_ratio: int = setting(4, ge=1)
+    """MLP hidden width as a multiple of n_embd."""
     tie_embeddings: bool = True
+    """Share the token embedding and the output head."""
     zero_init_proj: bool = False
+    """Initialise output projections at zero (else GPT-2 style small)."""
 
     def __post_init__(self):
         if self.n_embd % self.n_head:

@@ -16,22 +16,34 @@ from .base import Built
 
 @dataclass
 class DataConfig:
-    source: str = "tinyshakespeare"      # a packaged corpus or a path to a text file
-    tokenizer: Literal["char", "byte", "none"] = "char"   # none: pre-tokenised train_file / val_file
-    train_file: Optional[str] = None     # flat token-id files (tokenizer: none)
+    source: str = "tinyshakespeare"
+    """A packaged corpus or a path to a text file."""
+    tokenizer: Literal["char", "byte", "none"] = "char"
+    """char: one token per character; byte: UTF-8 bytes; none: pre-tokenised train_file / val_file."""
+    train_file: Optional[str] = None
+    """Flat token-id file for training (tokenizer: none)."""
     val_file: Optional[str] = None
+    """Flat token-id file for validation (tokenizer: none)."""
     token_dtype: str = "uint16"
-    eval_tokens: Optional[int] = setting(None, ge=1)  # evaluate on the first N validation tokens (default: all)
+    """The token files' integer type (uint16 for GPT-2's vocabulary)."""
+    eval_tokens: Optional[int] = setting(None, ge=1)
+    """Evaluate on the first N validation tokens (default: all)."""
     block_size: int = setting(64, ge=1)
+    """Context length of training windows."""
     batch_size: int = setting(12, ge=1)
-    eval_block_size: Optional[int] = setting(None, ge=1)  # default: block_size
+    """Windows per training batch."""
+    eval_block_size: Optional[int] = setting(None, ge=1)
+    """Context length of evaluation windows; default: block_size."""
     eval_batch_size: int = setting(64, ge=1)
+    """Windows per evaluation batch."""
     train_fraction: float = setting(0.9, gt=0, lt=1)
+    """The first fraction of the text is the training split, the rest validation."""
 
 
 @dataclass
 class ModelConfig(GPTConfig):
     name: Literal["gpt"] = "gpt"
+    """The model: hasten's GPT (hasten.models.gpt)."""
 
 
 def model_config(raw: dict) -> ModelConfig:

@@ -26,22 +26,39 @@ from .base import Built
 @dataclass
 class DataConfig:
     dataset: Literal["cifar10", "imagefolder"] = "cifar10"
-    path: Optional[str] = None            # cifar10: official archive/folder or image-folder zip; imagefolder: root
-    image_size: int = setting(224, ge=1)  # imagefolder: training crop and evaluation size
-    eval_resize: int = setting(256, ge=1)  # imagefolder: shorter side before the central crop
-    train_split: str = "train"            # imagefolder: sub-folder names
+    """cifar10 (downloaded and checksummed, or data.path) or an ImageNet-style image folder."""
+    path: Optional[str] = None
+    """cifar10: the official archive or folder, or an image-folder zip; imagefolder: the root."""
+    image_size: int = setting(224, ge=1)
+    """imagefolder: the training crop and evaluation size."""
+    eval_resize: int = setting(256, ge=1)
+    """imagefolder: the shorter side before the central crop."""
+    train_split: str = "train"
+    """imagefolder: the training sub-folder."""
     eval_split: str = "val"
+    """imagefolder: the evaluation sub-folder."""
     loader: Literal["dataloader", "device"] = "dataloader"
+    """dataloader: host workers, per-sample augmentation; device: the data set on the device, whole-batch augmentation."""
     batch_size: int = setting(512, ge=1)
+    """Training batch size."""
     eval_batch_size: int = setting(1000, ge=1)
-    num_workers: Optional[int] = setting(None, ge=0)  # dataloader only; default: cores - 1
-    pad: int = setting(4, ge=0)  # random crop / translate by up to `pad` pixels (0: none)
-    pad_mode: Literal["constant", "reflect"] = "constant"   # the device loader always reflects
+    """Evaluation batch size."""
+    num_workers: Optional[int] = setting(None, ge=0)
+    """dataloader only: worker processes; default: cores - 1."""
+    pad: int = setting(4, ge=0)
+    """Random crop / translate by up to `pad` pixels (0: none)."""
+    pad_mode: Literal["constant", "reflect"] = "constant"
+    """Padding for the random crop; the device loader always reflects."""
     flip: bool = True
-    alternate_flip: bool = False          # device loader: flip each image in alternate epochs
-    cutout: int = setting(0, ge=0)  # device loader: side of the zeroed square (0: none)
-    channels_last: bool = False           # device loader: batches in channels-last memory format
+    """Random horizontal flips."""
+    alternate_flip: bool = False
+    """device loader: flip each image in alternate epochs."""
+    cutout: int = setting(0, ge=0)
+    """device loader: side of the zeroed square (0: none)."""
+    channels_last: bool = False
+    """device loader: batches in channels-last memory format."""
     drop_last: bool = False
+    """Drop the last, incomplete training batch of each epoch."""
 
 
 def model_config(raw: dict) -> dict:
