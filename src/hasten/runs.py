@@ -73,20 +73,22 @@ def read_resumes(folder: "str | Path") -> list[dict]:
     return out
 
 
-def stored_recipe(folder: "str | Path") -> Recipe:
-    """The recipe the run in `folder` continues with: recipe.yaml plus every recorded resume's overrides."""
+def stored_recipe(folder: "str | Path", overrides: list[str] = ()) -> Recipe:
+    """The recipe the run in `folder` continues with: recipe.yaml plus every recorded resume's
+    overrides (and `overrides` after them)."""
     folder = Path(folder)
     if not is_run_folder(folder):
         raise RunFolderError(f"{folder} is not a hasten run folder (it has no {RECIPE_FILE}); "
                              "give the folder that `hasten train` printed as 'run folder'")
-    overrides = [o for r in read_resumes(folder) for o in r.get("overrides", [])]
-    return load_recipe(str(folder / RECIPE_FILE), overrides)
+    recorded = [o for r in read_resumes(folder) for o in r.get("overrides", [])]
+    return load_recipe(str(folder / RECIPE_FILE), recorded + list(overrides))
 
 
-def check_resume(folder: "str | Path", recipe: Recipe, force: bool = False) -> dict[str, tuple]:
-    """Compare `recipe` with the run stored in `folder`; returns the changes. Changes outside
-    RESUME_SAFE raise ConfigError unless `force`."""
-    changes = recipe_changes(stored_recipe(folder), recipe)
+def check_resume(folder: "str | Path", recipe: Recipe, force: bool = False,
+                 stored: Recipe | None = None) -> dict[str, tuple]:
+    """Compare `recipe` with the run stored in `folder` (`stored`, when the caller has read it
+    already); returns the changes. Changes outside RESUME_SAFE raise ConfigError unless `force`."""
+    changes = recipe_changes(stored if stored is not None else stored_recipe(folder), recipe)
     unsafe = {k: v for k, v in changes.items() if k not in RESUME_SAFE}
     if unsafe and not force:
         listed = "; ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in unsafe.items())
@@ -99,16 +101,14 @@ def check_resume(folder: "str | Path", recipe: Recipe, force: bool = False) -> d
 def resume_recipe(folder: "str | Path", overrides: list[str] = (), force: bool = False) -> Recipe:
     """The recipe to continue the run in `folder` with `overrides`; checks them (see check_resume)."""
     folder = Path(folder)
-    base = stored_recipe(folder)
-    previous = [o for r in read_resumes(folder) for o in r.get("overrides", [])]
     for o in overrides:
         keys, _ = parse_override(o)
         if ".".join(keys) in _RESUME_CONTROL:
             raise ConfigError(f"{'.'.join(keys)} cannot be given with --resume: the run folder decides it")
-    recipe = load_recipe(str(folder / RECIPE_FILE), previous + list(overrides))
-    recipe.name = base.name
+    stored = stored_recipe(folder)
+    recipe = stored_recipe(folder, overrides)   # the stored file names the run, so the name carries over
     recipe.trainer.run_dir, recipe.trainer.autoresume = str(folder), True
-    check_resume(folder, recipe, force)
+    check_resume(folder, recipe, force, stored)
     return recipe
 
 
