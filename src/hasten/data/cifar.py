@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from ..errors import DataError
+from ..files import atomic_write
 from .download import DatasetNotFoundError, data_root, download, file_digest
 
 URL = "https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz"
@@ -117,9 +118,8 @@ def read_image_zip(path: "str | os.PathLike", classes=CLASSES, cache_dir: "str |
     except OSError as e:   # Pillow's UnidentifiedImageError is an OSError too
         raise DataError(f"{path}: {e}; the archive is damaged: download or copy it again") from e
     cache.parent.mkdir(parents=True, exist_ok=True)
-    tmp = cache.with_suffix(".tmp.npz")
-    np.savez(tmp, train_x=out["train"][0], train_y=out["train"][1], test_x=out["test"][0], test_y=out["test"][1])
-    os.replace(tmp, cache)
+    atomic_write(cache, lambda f: np.savez(f, train_x=out["train"][0], train_y=out["train"][1],
+                                           test_x=out["test"][0], test_y=out["test"][1]), error=DataError)
     return ImageData(torch.from_numpy(out["train"][0]), torch.from_numpy(out["train"][1]),
                      torch.from_numpy(out["test"][0]), torch.from_numpy(out["test"][1]), classes=tuple(classes))
 
