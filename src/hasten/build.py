@@ -8,11 +8,10 @@ from pathlib import Path
 
 import torch
 
-from .algorithms import REGISTRY
 from .allocator import configure_host_allocator
 from .callbacks import LRMonitor, ProgressBar, SpeedMonitor
 from .callbacks.checkpoint import Checkpoint
-from .config import OptimizerConfig, Recipe
+from .config import OptimizerConfig, Recipe, make_algorithm
 from .errors import ConfigError
 from .files import LOCK_NAME, FolderLock, ensure_writable_dir
 from .loggers import ConsoleLogger, JSONLLogger
@@ -88,13 +87,7 @@ class Run:
 
 def build_algorithms(recipe: Recipe) -> list:
     """The recipe's algorithms; their arguments' values are checked here, before any data is loaded."""
-    out = []
-    for name, params in recipe.algorithms.items():
-        try:
-            out.append(REGISTRY[name](**params))
-        except (TypeError, ValueError) as e:
-            raise ConfigError(f"algorithms.{name}: {e}") from e
-    return out
+    return [make_algorithm(name, params) for name, params in recipe.algorithms.items()]
 
 
 def build_run(recipe: Recipe, progress_bar: bool | None = None, console_logger: bool = True,

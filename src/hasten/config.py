@@ -275,10 +275,7 @@ def validate(raw: dict) -> Recipe:
             raise ConfigError(f"algorithms.{algo_name}: unknown algorithm; known: {sorted(REGISTRY)}."
                               + _suggest(algo_name, REGISTRY))
         algos[algo_name] = signature_config(REGISTRY[algo_name].__init__, params or {}, f"algorithms.{algo_name}")
-        try:   # the values too: building an algorithm is cheap and checks its arguments' ranges
-            REGISTRY[algo_name](**algos[algo_name])
-        except (TypeError, ValueError) as e:
-            raise ConfigError(f"algorithms.{algo_name}: {e}") from e
+        make_algorithm(algo_name, algos[algo_name])   # the values too: building one is cheap and checks them
     recipe.algorithms = algos
     return recipe
 
@@ -309,6 +306,14 @@ def reference() -> str:
               "as NAME (`hasten.algorithms.REGISTRY`); their values are checked by building the algorithm. "
               "Each algorithm's card in [methods/](methods/) lists its knobs.", ""]
     return "\n".join(parts)
+
+
+def make_algorithm(name: str, params: dict):
+    """Build the algorithm registered as `name`; a bad argument is a ConfigError naming it."""
+    try:
+        return REGISTRY[name](**params)
+    except (TypeError, ValueError) as e:
+        raise ConfigError(f"algorithms.{name}: {e}") from e
 
 
 def to_dict(recipe: Recipe) -> dict:

@@ -23,7 +23,7 @@ import yaml
 
 from .config import RECIPE_SCHEMA_VERSION, Recipe, load_recipe, parse_override, to_dict
 from .errors import ConfigError, RunFolderError
-from .files import atomic_write, ensure_writable_dir, os_error_message
+from .files import atomic_write, os_error_message
 
 RECIPE_FILE = "recipe.yaml"
 RESUMES_FILE = "resumes.jsonl"
@@ -113,10 +113,8 @@ def resume_recipe(folder: "str | Path", overrides: list[str] = (), force: bool =
 
 
 def check_run_folder(recipe: Recipe, run_dir: Path, force: bool = False) -> dict[str, tuple] | None:
-    """Before anything is built: `run_dir` must be writable, and either new or this same run
-    resumed. Returns the changes a resume makes (None for a new run). Call with the
-    folder's lock held."""
-    ensure_writable_dir(run_dir, "run folder")
+    """Before anything is built: `run_dir` (proved writable and locked by the caller) must be
+    new or hold this same run resumed. Returns the changes a resume makes (None for a new run)."""
     if not is_run_folder(run_dir):
         return None
     if not recipe.trainer.autoresume:
