@@ -17,13 +17,12 @@ for _e in Event:
 
 
 class Tagged(Algorithm):
-    events = tuple(Event)
-
     def __init__(self, tag, log):
         self.tag, self.log = tag, log
 
-    def apply(self, event, state, logger):
-        self.log.append((self.tag, event))
+
+for _e in Event:   # listens to every event: one method each
+    setattr(Tagged, _e.value, lambda self, state, logger, _e=_e: self.log.append((self.tag, _e)))
 
 
 def test_fit_fires_events_in_documented_order():
@@ -65,10 +64,9 @@ def test_after_events_are_the_after_and_end_ones():
 
 def test_match_filters_and_idle_events_are_absent_from_the_table():
     class OnlyLoss(Algorithm):
-        events = (Event.AFTER_LOSS,)
         calls = 0
 
-        def apply(self, event, state, logger):
+        def after_loss(self, state, logger):
             OnlyLoss.calls += 1
 
     state = State(model=mlp(), max_duration=Time.parse("1ba"), device=torch.device("cpu"),
@@ -113,3 +111,38 @@ def test_adding_callbacks_and_algorithms_and_the_printed_event_plan():
     assert "training loss = LabelSmoothing(MixUp(task loss))" in plan
     tr.fit()
     assert seen.n == 3
+
+
+def test_events_are_the_overridden_methods_and_match_is_a_condition():
+    log = []
+
+    class Base(Algorithm):
+        def batch_end(self, state, logger):
+            log.append(("batch_end", state.timestamp.batch))
+
+    class Child(Base):   # inherits batch_end, adds fit_start, only acts on even batches
+        def fit_start(self, state, logger):
+            log.append(("fit_start", 0))
+
+        def match(self, event, state):
+            return event != Event.BATCH_END or state.timestamp.batch % 2 == 0
+
+    assert Base.listens_to() == (Event.BATCH_END,)
+    assert Child.listens_to() == (Event.FIT_START, Event.BATCH_END)
+    Trainer(mlp(), loader(n=32, batch_size=8), max_duration="4ba", device="cpu", algorithms=[Child()]).fit()
+    assert log == [("fit_start", 0), ("batch_end", 2), ("batch_end", 4)]
+
+
+def test_an_algorithm_in_the_old_events_and_apply_form_still_runs_with_a_warning():
+    import pytest
+    seen = []
+    with pytest.warns(DeprecationWarning, match="one method per event"):
+        class Old(Algorithm):
+            events = (Event.FIT_START, Event.BATCH_END)
+
+            def apply(self, event, state, logger):
+                seen.append(event)
+
+    assert Old.listens_to() == (Event.FIT_START, Event.BATCH_END)
+    Trainer(mlp(), loader(n=16, batch_size=8), max_duration="2ba", device="cpu", algorithms=[Old()]).fit()
+    assert seen == [Event.FIT_START, Event.BATCH_END, Event.BATCH_END]

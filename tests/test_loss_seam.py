@@ -118,14 +118,19 @@ def test_chunked_cross_entropy_evaluates_the_same_cross_entropy():
     assert chunked.evaluate(dl)["val/loss"] == pytest.approx(plain, rel=1e-5)
 
 
-def test_an_algorithm_with_no_events_is_never_called():
+def test_an_algorithm_that_overrides_no_event_is_never_called():
     from hasten import Algorithm
     calls = []
 
-    class Quiet(Algorithm):
-        def apply(self, event, state, logger):
+    class Quiet(Algorithm):   # acts through the loss seam only
+        def match(self, event, state):
             calls.append(event)
+            return True
 
+        def wrap_loss(self, loss_fn):
+            return loss_fn
+
+    assert Quiet.listens_to() == ()
     Trainer(_model(), DataLoader(TensorDataset(X, Y), batch_size=8), max_duration="2ba", device="cpu",
             algorithms=[Quiet()]).fit()
     assert calls == []

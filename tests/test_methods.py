@@ -31,9 +31,7 @@ def _grab_grads():
     out = {}
 
     class Grab(Algorithm):
-        events = (Event.BEFORE_OPTIM_STEP,)
-
-        def apply(self, event, state, logger):
+        def before_optim_step(self, state, logger):
             out["grads"] = [p.grad.clone() for p in state.model.parameters()]
     return Grab(), out
 
@@ -61,7 +59,7 @@ def test_pool_reorder_keeps_the_function_for_monotone_layers():
     assert isinstance(b[1], nn.MaxPool2d) and isinstance(b[2], nn.BatchNorm2d)
     x, _ = _img_batch()
     torch.testing.assert_close(a.eval()(x), b.eval()(x), rtol=1e-5, atol=1e-6)
-    assert PoolReorder().events == (Event.INIT,)
+    assert PoolReorder.listens_to() == (Event.INIT,)
 
 
 def test_activation_swap_replaces_modules_and_the_optimizer_sees_the_new_model():
@@ -254,9 +252,7 @@ def test_swa_average_matches_a_hand_average():
     snaps = []
 
     class Snap(Algorithm):
-        events = (Event.BATCH_END,)
-
-        def apply(self, event, state, logger):
+        def batch_end(self, state, logger):
             if state.progress > 0.5:
                 snaps.append([p.detach().clone() for p in state.model.parameters()])
 
@@ -273,9 +269,7 @@ def test_mixup_loss_is_the_mixture_of_the_two_labels():
     seen = {}
 
     class Spy(Algorithm):   # runs after MixUp on AFTER_DATALOADER, before it on AFTER_LOSS (reversed)
-        events = (Event.AFTER_LOSS,)
-
-        def apply(self, event, state, logger):
+        def after_loss(self, state, logger):
             seen["loss"], seen["outputs"], seen["x"] = state.loss.detach(), state.outputs.detach(), state.micro_batch[0]
 
     mix = MixUp(alpha=0.4)
@@ -313,9 +307,7 @@ def test_progressive_resizing_scales_early_batches_and_evaluates_full_size():
     sizes = []
 
     class Spy(Algorithm):
-        events = (Event.BEFORE_FORWARD,)
-
-        def apply(self, event, state, logger):
+        def before_forward(self, state, logger):
             sizes.append(state.micro_batch[0].shape[-1])
 
     model = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(4, 4))

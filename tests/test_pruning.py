@@ -6,7 +6,7 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader, TensorDataset
 
 import hasten.functional as hf
-from hasten import Algorithm, Event, Trainer
+from hasten import Algorithm, Trainer
 from hasten.algorithms import InfoBatch, InfoBatchPruner, ProxySelection, SelectiveBackprop
 from hasten.data import DeviceLoader, TensorPairs, make_dataloader
 from hasten.optim import LRSchedule
@@ -88,18 +88,16 @@ def _device_loader(n=96, batch=16, seed=0):
 
 
 class _Record(Algorithm):
-    events = (Event.EPOCH_END, Event.BATCH_START)
-
     def __init__(self):
         self.epoch_batches, self.lrs, self._n = [], [], 0
 
-    def apply(self, event, state, logger):
-        if event == Event.BATCH_START:
-            self._n += len(state.batch[0])
-            self.lrs.append(state.optimizers[0].param_groups[0]["lr"])
-        else:
-            self.epoch_batches.append(self._n)
-            self._n = 0
+    def batch_start(self, state, logger):
+        self._n += len(state.batch[0])
+        self.lrs.append(state.optimizers[0].param_groups[0]["lr"])
+
+    def epoch_end(self, state, logger):
+        self.epoch_batches.append(self._n)
+        self._n = 0
 
 
 def test_infobatch_in_the_trainer_prunes_and_the_schedule_still_ends(tmp_path):
@@ -129,9 +127,7 @@ def test_infobatch_rescaled_loss_reaches_the_gradient():
     grads = []
 
     class Check(Algorithm):
-        events = (Event.AFTER_BACKWARD,)
-
-        def apply(self, event, state, logger):
+        def after_backward(self, state, logger):
             x, y, idx = state.micro_batch
             model = state.model
             w = ib.pruner.weights[idx] if ib.pruner.weights is not None else torch.ones(len(idx))
@@ -154,9 +150,7 @@ def test_infobatch_with_a_dataloader_resumes_exactly(tmp_path):
         algos = [InfoBatch(0.5, 0.875)]
         if stop_at:
             class Stop(Algorithm):
-                events = (Event.BATCH_END,)
-
-                def apply(self, event, state, logger):
+                def batch_end(self, state, logger):
                     if state.timestamp.batch == stop_at:
                         state.stop_training = True
             algos.append(Stop())
@@ -234,9 +228,7 @@ def test_selective_backprop_gradient_is_that_of_the_hardest_samples():
     grads = {}
 
     class Grab(Algorithm):
-        events = (Event.AFTER_BACKWARD,)
-
-        def apply(self, event, state, logger):
+        def after_backward(self, state, logger):
             grads["sb"] = [p.grad.clone() for p in state.model.parameters()]
             state.stop_training = True
 
@@ -259,9 +251,7 @@ def test_proxy_selection_trains_the_proxy_and_picks_its_hardest():
     picked = {}
 
     class Grab(Algorithm):
-        events = (Event.BEFORE_FORWARD,)
-
-        def apply(self, event, state, logger):
+        def before_forward(self, state, logger):
             picked["x"] = state.micro_batch[0].clone()
 
     Trainer(model, [(x, y)], max_duration="1ba", device="cpu",

@@ -128,14 +128,12 @@ def test_label_smoothing_matches_pytorch():
 
 def test_label_smoothing_trains_smoothed_and_evaluates_plain():
     from tiny import loader, mlp
-    from hasten import Algorithm, Event
+    from hasten import Algorithm
     from hasten.trainer import default_loss
     seen = []
 
     class Spy(Algorithm):   # listed before LabelSmoothing: sees the per-sample training losses
-        events = (Event.AFTER_LOSS,)
-
-        def apply(self, event, state, logger):
+        def after_loss(self, state, logger):
             x, y = state.micro_batch
             ref = F.cross_entropy(state.outputs, y, label_smoothing=0.3, reduction="none")
             seen.append(torch.allclose(state.loss, ref, atol=1e-6))

@@ -2,7 +2,7 @@
 import torch
 import torch.nn.functional as F
 
-from hasten import Algorithm, Event, Trainer
+from hasten import Algorithm, Trainer
 from hasten.algorithms import BatchSizeWarmup, SeqLenWarmup, reshape_sequences, take_batch
 from hasten.algorithms.seq_len_warmup import warmup_length
 from hasten.data import RandomWindows
@@ -34,12 +34,10 @@ def test_warmup_length_schedule():
 
 
 class Seen(Algorithm):
-    events = (Event.BATCH_START,)
-
     def __init__(self):
         self.shapes = []
 
-    def apply(self, event, state, logger):
+    def batch_start(self, state, logger):
         self.shapes.append(tuple(state.batch[0].shape))
 
 

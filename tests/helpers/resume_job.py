@@ -12,7 +12,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
-from hasten import Algorithm, Event, Trainer
+from hasten import Algorithm, Trainer
 from hasten.algorithms import EMA
 from hasten.data import TensorPairs, make_dataloader
 
@@ -43,9 +43,7 @@ else:
 
 
 class Stopper(Algorithm):
-    events = (Event.CHECKPOINT,)
-
-    def apply(self, event, state, logger):
+    def checkpoint(self, state, logger):
         if state.timestamp.batch == stop_at and not state.at_epoch_end:
             if mode == "kill":
                 os.kill(os.getpid(), signal.SIGKILL)

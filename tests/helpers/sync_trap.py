@@ -1,7 +1,7 @@
 """Make host synchronisation inside training steps an error (for tests)."""
 import torch
 
-from hasten.core import Algorithm, Callback, Event
+from hasten.core import Algorithm, Callback
 
 TRAPPED = ("item", "cpu", "__bool__", "__float__", "__int__", "tolist", "numpy")
 
@@ -27,15 +27,14 @@ def install(monkeypatch, quiet: bool = False):
         monkeypatch.setattr(torch.Tensor, name, guard(name, getattr(torch.Tensor, name)))
 
     class Trap(Algorithm):
-        events = (Event.AFTER_DATALOADER, Event.CHECKPOINT)
         steps = 0
 
-        def apply(self, event, state, logger):
-            if event == Event.AFTER_DATALOADER:
-                trap["on"] = True
-                self.steps += 1
-            else:
-                trap["on"] = False
+        def after_dataloader(self, state, logger):
+            trap["on"] = True
+            self.steps += 1
+
+        def checkpoint(self, state, logger):
+            trap["on"] = False
 
     class QuietTrap(Callback):
         steps = 0

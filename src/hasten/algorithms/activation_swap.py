@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch.nn as nn
 
-from ..core import Algorithm, Event
+from ..core import Algorithm
 
 ACTIVATIONS = {"relu": nn.ReLU, "gelu": nn.GELU, "celu": nn.CELU, "silu": nn.SiLU, "elu": nn.ELU,
                "leaky_relu": nn.LeakyReLU, "mish": nn.Mish, "hardswish": nn.Hardswish, "tanh": nn.Tanh}
@@ -34,13 +34,11 @@ def swap_activations(model: nn.Module, old: str, new: str, **kwargs) -> int:
 
 
 class ActivationSwap(Algorithm):
-    events = (Event.INIT,)
-
     def __init__(self, old: str = "relu", new: str = "gelu", kwargs: dict | None = None):
         _cls(old), _cls(new)
         self.old, self.new, self.kwargs = old, new, dict(kwargs or {})
 
-    def apply(self, event, state, logger):
+    def init(self, state, logger):
         n = swap_activations(state.model, self.old, self.new, **self.kwargs)
         if n == 0:
             raise ValueError(f"activation swap: the model has no {self.old} modules (functional calls such as "

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from ..core import Algorithm, Event, Time
+from ..core import Algorithm, Time
 
 
 def take_batch(batch, n: int):
@@ -24,14 +24,12 @@ def take_batch(batch, n: int):
 
 
 class BatchSizeWarmup(Algorithm):
-    events = (Event.AFTER_DATALOADER,)
-
     def __init__(self, start_fraction: float = 0.25, duration: str = "0.2dur", multiple: int = 1):
         if not 0 < start_fraction <= 1:
             raise ValueError("start_fraction must lie in (0, 1]")
         self.start_fraction, self.duration, self.multiple = start_fraction, Time.parse(duration), max(1, multiple)
 
-    def apply(self, event, state, logger):
+    def after_dataloader(self, state, logger):
         p = state.progress_through(self.duration)
         if p >= 1.0:
             return

@@ -15,7 +15,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ..core import Algorithm, Event
+from ..core import Algorithm
 
 _KERNEL = torch.tensor([1.0, 2.0, 1.0])
 
@@ -76,10 +76,8 @@ def apply_blurpool(model: nn.Module, convs: bool = True, maxpools: bool = True, 
 
 
 class BlurPool(Algorithm):
-    events = (Event.INIT,)
-
     def __init__(self, convs: bool = True, maxpools: bool = True, min_channels: int = 16):
         self.convs, self.maxpools, self.min_channels = convs, maxpools, min_channels
 
-    def apply(self, event, state, logger):
+    def init(self, state, logger):
         apply_blurpool(state.model, self.convs, self.maxpools, self.min_channels)

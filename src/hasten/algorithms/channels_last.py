@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from ..core import Algorithm, Event
+from ..core import Algorithm
 
 
 def apply_channels_last(model: torch.nn.Module) -> torch.nn.Module:
@@ -23,14 +23,12 @@ def to_channels_last(x):
 
 
 class ChannelsLast(Algorithm):
-    events = (Event.INIT, Event.AFTER_DATALOADER)
+    def init(self, state, logger):
+        apply_channels_last(state.model)
 
-    def apply(self, event, state, logger):
-        if event == Event.INIT:
-            apply_channels_last(state.model)
-        else:
-            b = state.batch
-            if isinstance(b, (tuple, list)) and b:
-                state.batch = type(b)([to_channels_last(b[0]), *b[1:]]) if isinstance(b, list) else (to_channels_last(b[0]), *b[1:])
-            elif isinstance(b, torch.Tensor):
-                state.batch = to_channels_last(b)
+    def after_dataloader(self, state, logger):
+        b = state.batch
+        if isinstance(b, (tuple, list)) and b:
+            state.batch = type(b)([to_channels_last(b[0]), *b[1:]]) if isinstance(b, list) else (to_channels_last(b[0]), *b[1:])
+        elif isinstance(b, torch.Tensor):
+            state.batch = to_channels_last(b)

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import torch
 
-from ..core import Algorithm, Event
+from ..core import Algorithm
 
 
 class _ChunkedCE(torch.autograd.Function):
@@ -67,12 +67,10 @@ def chunked_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targets: t
 
 
 class ChunkedCrossEntropy(Algorithm):
-    events = (Event.INIT,)
-
     def __init__(self, chunk_size: int = 4096, head: str = "lm_head"):
         self.chunk_size, self.head = int(chunk_size), head
 
-    def apply(self, event, state, logger):
+    def init(self, state, logger):
         model = state.model
         if not hasattr(model, "output_hidden"):
             raise ValueError("chunked cross-entropy needs a model that can return its final hidden states "

@@ -7,20 +7,18 @@ from __future__ import annotations
 
 import torch
 
-from ..core import Algorithm, Event
+from ..core import Algorithm
 from ..data.augment import cutout
 from ..utils import derive_seed
 
 
 class CutOut(Algorithm):
-    events = (Event.AFTER_DATALOADER,)
-
     def __init__(self, size: int = 8):
         if size < 1:
             raise ValueError(f"size must be >= 1, got {size}")
         self.size = int(size)
 
-    def apply(self, event, state, logger):
+    def after_dataloader(self, state, logger):
         batch = state.batch
         x = batch[0]
         g = torch.Generator(device=x.device).manual_seed(derive_seed(state.seed, state.timestamp.batch, 13))

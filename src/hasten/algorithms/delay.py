@@ -4,16 +4,14 @@ from __future__ import annotations
 
 import time
 
-from ..core import Algorithm, Event
+from ..core import Algorithm
 
 
 class Delay(Algorithm):
-    events = (Event.BATCH_START,)
-
     def __init__(self, seconds: float = 0.01):
         if seconds < 0:
             raise ValueError("seconds must be >= 0")
         self.seconds = seconds
 
-    def apply(self, event, state, logger):
+    def batch_start(self, state, logger):
         time.sleep(self.seconds)

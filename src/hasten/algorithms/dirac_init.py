@@ -16,7 +16,7 @@ import fnmatch
 import torch
 import torch.nn as nn
 
-from ..core import Algorithm, Event
+from ..core import Algorithm
 
 
 @torch.no_grad()
@@ -32,12 +32,10 @@ def dirac_init_(conv: nn.Conv2d, gain: float = 1.0) -> nn.Conv2d:
 
 
 class DiracInit(Algorithm):
-    events = (Event.INIT,)
-
     def __init__(self, gain: float = 1.0, include: tuple = ("*",)):
         self.gain, self.include = gain, tuple(include)
 
-    def apply(self, event, state, logger):
+    def init(self, state, logger):
         for name, m in state.model.named_modules():
             if (isinstance(m, nn.Conv2d) and m.groups == 1 and m.kernel_size[0] % 2 and m.kernel_size[1] % 2
                     and m.stride == (1, 1) and any(fnmatch.fnmatch(name, p) for p in self.include)):

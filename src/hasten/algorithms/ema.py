@@ -24,7 +24,7 @@ import warnings
 
 import torch
 
-from ..core import Algorithm, Event, Time
+from ..core import Algorithm, Time
 
 
 @torch.no_grad()
@@ -44,8 +44,6 @@ def _tensors(model: torch.nn.Module) -> list[torch.Tensor]:
 
 
 class EMA(Algorithm):
-    events = (Event.FIT_START, Event.BATCH_END, Event.EVAL_START, Event.EVAL_END, Event.FIT_END)
-
     def __init__(self, decay: float | None = None, half_life: str | None = None, update_every: int = 1,
                  start: str = "0ba", final_swap: bool = True, bias_correction: bool = True):
         if decay is not None and half_life is not None:
@@ -82,22 +80,26 @@ class EMA(Algorithm):
                               + ("" if self.bias_correction else ", and without bias correction the "
                                  "initial ones") + "; give a shorter half_life (e.g. '0.1dur')")
 
-    def apply(self, event, state, logger):
-        if event == Event.FIT_START:
-            self._init(state)
-        elif event == Event.BATCH_END:
-            ts = state.timestamp
-            if ts.batch % self.update_every == 0 and state.progress >= state.fraction_of(self.start):
-                self.updates += 1
-                # decay per update, compounded over the batches between updates
-                d = self.decay ** self.update_every
-                ema_update(self.ema, [t.detach() for t in _tensors(state.model)],
-                           1.0 - ema_weight(d, self.updates, self.bias_correction))
-        elif event == Event.EVAL_START and self.ema is not None:
+    def fit_start(self, state, logger):
+        self._init(state)
+
+    def batch_end(self, state, logger):
+        if state.timestamp.batch % self.update_every == 0 and state.progress >= state.fraction_of(self.start):
+            self.updates += 1
+            d = self.decay ** self.update_every   # decay per update, compounded over the batches between
+            ema_update(self.ema, [t.detach() for t in _tensors(state.model)],
+                       1.0 - ema_weight(d, self.updates, self.bias_correction))
+
+    def eval_start(self, state, logger):
+        if self.ema is not None:
             self._swap_in(state)
-        elif event == Event.EVAL_END and self._backup is not None:
+
+    def eval_end(self, state, logger):
+        if self._backup is not None:
             self._swap_out(state)
-        elif event == Event.FIT_END and self.final_swap and self.ema is not None:
+
+    def fit_end(self, state, logger):
+        if self.final_swap and self.ema is not None:
             with torch.no_grad():
                 torch._foreach_copy_(_tensors(state.model), self.ema)
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from ..core import Algorithm, Event
+from ..core import Algorithm
 
 
 @torch.no_grad()
@@ -32,11 +32,9 @@ def freeze_bn_scale(model: nn.Module, scale: float = 1.0, bias_lr_mult: float = 
 
 
 class FrozenBNScale(Algorithm):
-    events = (Event.INIT,)
-
     def __init__(self, scale: float = 1.0, bias_lr_mult: float = 1.0):
         self.scale, self.bias_lr_mult = scale, bias_lr_mult
 
-    def apply(self, event, state, logger):
+    def init(self, state, logger):
         if freeze_bn_scale(state.model, self.scale, self.bias_lr_mult) == 0:
             raise ValueError("FrozenBNScale: the model has no affine batch-norm layers")

@@ -15,7 +15,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ..core import Algorithm, Event
+from ..core import Algorithm
 
 
 def ghost_batch_norm(x: torch.Tensor, bn: nn.modules.batchnorm._BatchNorm, ghost_size: int) -> torch.Tensor:
@@ -49,10 +49,8 @@ def apply_ghost_batchnorm(model: nn.Module, ghost_size: int = 32) -> int:
 
 
 class GhostBatchNormAlgorithm(Algorithm):
-    events = (Event.INIT,)
-
     def __init__(self, ghost_size: int = 32):
         self.ghost_size = ghost_size
 
-    def apply(self, event, state, logger):
+    def init(self, state, logger):
         apply_ghost_batchnorm(state.model, self.ghost_size)

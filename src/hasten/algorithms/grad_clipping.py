@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from ..core import Algorithm, Event
+from ..core import Algorithm
 
 
 @torch.no_grad()
@@ -31,14 +31,12 @@ def adaptive_clip_grad_(params, clip: float = 0.01, eps: float = 1e-3, skip_vect
 
 
 class GradientClipping(Algorithm):
-    events = (Event.BEFORE_OPTIM_STEP,)
-
     def __init__(self, mode: str = "norm", threshold: float = 1.0, eps: float = 1e-3):
         if mode not in ("norm", "value", "adaptive"):
             raise ValueError(f"mode={mode!r}: use 'norm', 'value' or 'adaptive'")
         self.mode, self.threshold, self.eps = mode, threshold, eps
 
-    def apply(self, event, state, logger):
+    def before_optim_step(self, state, logger):
         if state.scaler is not None and state.extra.get("grads_unscaled_at") != state.timestamp.batch:
             for opt in state.optimizers:   # once per step, whoever clips first (fp16 loss scaling)
                 state.scaler.unscale_(opt)

@@ -26,7 +26,7 @@ import math
 import torch
 from torch.utils.data import Sampler
 
-from ..core import Algorithm, Event, as_time
+from ..core import Algorithm, as_time
 from ..data.resumable import epoch_order
 from ..utils import derive_seed
 
@@ -249,8 +249,6 @@ def loader_size(loader) -> int:
 class InfoBatch(Algorithm):
     """The Trainer form. Logs per epoch: infobatch/kept, infobatch/pruned, infobatch/saved_fraction."""
 
-    events = (Event.FIT_START, Event.EPOCH_START, Event.AFTER_LOSS)
-
     def __init__(self, prune_ratio: float = 0.5, delta: "float | str" = 0.875):
         if not 0.0 <= prune_ratio < 1.0:
             raise ValueError(f"prune_ratio must lie in [0, 1), got {prune_ratio}")
@@ -258,25 +256,25 @@ class InfoBatch(Algorithm):
         self.pruner: InfoBatchPruner | None = None
         self._pending: dict | None = None
 
-    def apply(self, event, state, logger):
-        if event == Event.AFTER_LOSS:
-            batch = state.micro_batch
-            if not (isinstance(batch, (tuple, list)) and len(batch) >= 3):
-                raise ValueError("InfoBatch needs batches (inputs, targets, sample_indices); its loader was "
-                                 "changed after fit started?")
-            state.loss = self.pruner.update(state.loss, batch[-1])
-        elif event == Event.EPOCH_START:
-            stats = self.pruner.start_epoch(state.timestamp.epoch, state.progress)
-            logger.log(stats)
-        else:
-            loader = state.train_dataloader
-            if self.pruner is None:
-                self.pruner = InfoBatchPruner(loader_size(loader), self.prune_ratio, state.fraction_of(self.delta),
-                                              seed=state.seed, device=state.device)
-            if self._pending is not None:
-                self.pruner.load_state_dict(self._pending)
-                self._pending = None
-            attach(loader, self.pruner)
+    def fit_start(self, state, logger):
+        loader = state.train_dataloader
+        if self.pruner is None:
+            self.pruner = InfoBatchPruner(loader_size(loader), self.prune_ratio, state.fraction_of(self.delta),
+                                          seed=state.seed, device=state.device)
+        if self._pending is not None:
+            self.pruner.load_state_dict(self._pending)
+            self._pending = None
+        attach(loader, self.pruner)
+
+    def epoch_start(self, state, logger):
+        logger.log(self.pruner.start_epoch(state.timestamp.epoch, state.progress))
+
+    def after_loss(self, state, logger):
+        batch = state.micro_batch
+        if not (isinstance(batch, (tuple, list)) and len(batch) >= 3):
+            raise ValueError("InfoBatch needs batches (inputs, targets, sample_indices); its loader was "
+                             "changed after fit started?")
+        state.loss = self.pruner.update(state.loss, batch[-1])
 
     def state_dict(self) -> dict:
         return self.pruner.state_dict() if self.pruner is not None else {}

@@ -44,8 +44,6 @@ def uniform_cross_entropy(logits: torch.Tensor) -> torch.Tensor:
 
 
 class LabelSmoothing(Algorithm):
-    events = ()   # it acts through the loss seam only
-
     def __init__(self, smoothing: float = 0.1):
         if not 0.0 <= smoothing < 1.0:
             raise ValueError(f"smoothing must lie in [0, 1), got {smoothing}")

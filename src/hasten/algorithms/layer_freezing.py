@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from ..core import Algorithm, Event, as_time
+from ..core import Algorithm, as_time
 
 
 def freeze_first(model: torch.nn.Module, fraction: float) -> int:
@@ -25,8 +25,6 @@ def freeze_first(model: torch.nn.Module, fraction: float) -> int:
 
 
 class LayerFreezing(Algorithm):
-    events = (Event.BATCH_START,)
-
     def __init__(self, start: "float | str" = 0.5, fraction: float = 0.5):
         if not 0.0 <= fraction <= 1.0:
             raise ValueError(f"fraction (the share of tensors frozen at the end) must lie in [0, 1], got {fraction}")
@@ -35,7 +33,7 @@ class LayerFreezing(Algorithm):
             raise ValueError(f"start must lie before the end of the run, got {start}")
         self.frozen = 0
 
-    def apply(self, event, state, logger):
+    def batch_start(self, state, logger):
         p, start = state.progress, state.fraction_of(self.start)
         if p < start:
             return

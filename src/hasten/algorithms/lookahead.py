@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import torch
 
-from ..core import Algorithm, Event
+from ..core import Algorithm
 
 
 @torch.no_grad()
@@ -27,8 +27,6 @@ def lookahead_sync(slow: list[torch.Tensor], fast: list[torch.Tensor], alpha: fl
 
 
 class Lookahead(Algorithm):
-    events = (Event.FIT_START, Event.AFTER_OPTIM_STEP)
-
     def __init__(self, k: int = 5, alpha: float = 0.5, ramp: float = 0.0, buffers: bool = False):
         if k < 1 or not 0.0 < alpha <= 1.0 or ramp < 0:
             raise ValueError(f"need k >= 1, 0 < alpha <= 1 and ramp >= 0, got k={k}, alpha={alpha}, ramp={ramp}")
@@ -50,11 +48,11 @@ class Lookahead(Algorithm):
             return self.alpha
         return 1.0 - (1.0 - self.alpha) * min(max(progress, 0.0), 1.0) ** self.ramp
 
-    def apply(self, event, state, logger):
-        if event == Event.FIT_START:
-            if self.slow is None:
-                self.slow = [p.detach().clone() for p in self._params(state)]
-            return
+    def fit_start(self, state, logger):
+        if self.slow is None:
+            self.slow = [p.detach().clone() for p in self._params(state)]
+
+    def after_optim_step(self, state, logger):
         self.steps += 1
         if self.steps % self.k == 0:
             # progress including the step just taken (the timestamp advances after this event)

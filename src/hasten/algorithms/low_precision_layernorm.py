@@ -16,7 +16,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ..core import Algorithm, Event
+from ..core import Algorithm
 
 
 def _autocast_dtype(device_type: str):
@@ -56,8 +56,6 @@ def apply_low_precision_layernorm(model: nn.Module) -> int:
 
 
 class LowPrecisionLayerNorm(Algorithm):
-    events = (Event.INIT,)
-
-    def apply(self, event, state, logger):
+    def init(self, state, logger):
         if apply_low_precision_layernorm(state.model) == 0:
             raise ValueError("low-precision layer norm: the model has no nn.LayerNorm modules")

@@ -18,7 +18,7 @@ import random
 
 import torch
 
-from ..core import Algorithm, Event
+from ..core import Algorithm
 from ..utils import derive_seed
 
 
@@ -32,8 +32,6 @@ def mixed_loss(loss_fn, outputs, y_a, y_b, lam: float):
 
 class _MixAlgorithm(Algorithm):
     """Shared plumbing: draw (lam, perm), change the batch, wrap the loss while training."""
-
-    events = (Event.AFTER_DATALOADER,)
 
     def __init__(self, alpha: float = 0.2, prob: float = 1.0):
         if alpha <= 0 or not 0.0 <= prob <= 1.0:
@@ -67,20 +65,19 @@ class _MixAlgorithm(Algorithm):
         mixed.mixed_by = self.name
         return mixed
 
-    def apply(self, event, state, logger):
-        if event == Event.AFTER_DATALOADER:
-            batch = state.batch
-            x, y = batch[0], batch[1]
-            if not x.is_floating_point():
-                raise ValueError(f"{self.name} mixes inputs, and these are {str(x.dtype).replace('torch.', '')} "
-                                 "(token ids?): use it on images or features")
-            use, lam, perm, rng = self._draw(state, x.shape[0])
-            if not use:
-                self._mix = None
-                return
-            x, lam = self.mix(x, y, lam, perm, rng)
-            self._mix = (y[perm], lam)
-            state.batch = (x, y, *batch[2:])
+    def after_dataloader(self, state, logger):
+        batch = state.batch
+        x, y = batch[0], batch[1]
+        if not x.is_floating_point():
+            raise ValueError(f"{self.name} mixes inputs, and these are {str(x.dtype).replace('torch.', '')} "
+                             "(token ids?): use it on images or features")
+        use, lam, perm, rng = self._draw(state, x.shape[0])
+        if not use:
+            self._mix = None
+            return
+        x, lam = self.mix(x, y, lam, perm, rng)
+        self._mix = (y[perm], lam)
+        state.batch = (x, y, *batch[2:])
 
 
 class MixUp(_MixAlgorithm):

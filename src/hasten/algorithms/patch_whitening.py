@@ -19,7 +19,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ..core import Algorithm, Event, Time
+from ..core import Algorithm, Time
 
 
 def patch_covariance(images: torch.Tensor, kernel: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -79,25 +79,19 @@ class PatchWhitening(Algorithm):
     """Fit the first conv (or `module`) at init; `freeze` keeps its filters fixed afterwards;
     `train_bias_for` (a typed time such as '3ep' or '0.3dur') stops training its bias after
     that much of the run (None: the bias trains throughout)."""
-    events = (Event.INIT, Event.BATCH_START)
-
     def __init__(self, num_images: int = 5000, eps: float = 5e-4, module: str | None = None, freeze: bool = True,
                  train_bias_for: str | None = None):
         self.num_images, self.eps, self.module, self.freeze = num_images, eps, module, freeze
         self.train_bias_for = Time.parse(train_bias_for) if train_bias_for is not None else None
         self._conv: nn.Conv2d | None = None
 
-    def match(self, event, state):
-        if event == Event.BATCH_START:
-            return self.train_bias_for is not None and self._conv is not None and self._conv.bias.requires_grad
-        return True
+    def batch_start(self, state, logger):
+        if (self.train_bias_for is not None and self._conv is not None and self._conv.bias.requires_grad
+                and state.progress >= state.fraction_of(self.train_bias_for)):
+            self._conv.bias.requires_grad_(False)
+            self._conv.bias.grad = None
 
-    def apply(self, event, state, logger):
-        if event == Event.BATCH_START:
-            if state.progress >= state.fraction_of(self.train_bias_for):
-                self._conv.bias.requires_grad_(False)
-                self._conv.bias.grad = None
-            return
+    def init(self, state, logger):
         t0 = time.perf_counter()
         conv = self._conv = state.model.get_submodule(self.module) if self.module else first_conv(state.model)
         images = _sample_images(state.train_dataloader, self.num_images).to(conv.weight.device)

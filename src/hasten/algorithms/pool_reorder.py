@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch.nn as nn
 
-from ..core import Algorithm, Event
+from ..core import Algorithm
 
 _ACTS = (nn.ReLU, nn.ReLU6, nn.LeakyReLU, nn.GELU, nn.CELU, nn.SiLU, nn.ELU, nn.Hardswish)
 
@@ -42,8 +42,6 @@ def reorder_pools(model: nn.Module) -> int:
 
 
 class PoolReorder(Algorithm):
-    events = (Event.INIT,)
-
-    def apply(self, event, state, logger):
+    def init(self, state, logger):
         n = reorder_pools(state.model)
         logger.log({"pool_reorder/moved": n})

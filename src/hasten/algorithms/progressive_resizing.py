@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ..core import Algorithm, Event, as_time
+from ..core import Algorithm, as_time
 
 
 def resize_scale(progress: float, initial_scale: float, start: float, finish: float) -> float:
@@ -37,8 +37,6 @@ def resize_batch(x: torch.Tensor, scale: float, size_increment: int = 4) -> torc
 
 
 class ProgressiveResizing(Algorithm):
-    events = (Event.AFTER_DATALOADER,)
-
     def __init__(self, initial_scale: float = 0.5, start: "float | str" = 0.0, finish: "float | str" = 0.6,
                  size_increment: int = 4):
         if not 0.0 < initial_scale <= 1.0:
@@ -48,7 +46,7 @@ class ProgressiveResizing(Algorithm):
             raise ValueError(f"need start <= finish, got start={start}, finish={finish}")
         self.initial_scale, self.size_increment = initial_scale, size_increment
 
-    def apply(self, event, state, logger):
+    def after_dataloader(self, state, logger):
         s = resize_scale(state.progress, self.initial_scale, state.fraction_of(self.start),
                          state.fraction_of(self.finish))
         if s < 1.0:

@@ -16,7 +16,7 @@ import copy
 
 import torch
 
-from ..core import Algorithm, Event, Time
+from ..core import Algorithm, Time
 from ..utils import batch_size, index_batch
 from .selective_backprop import select_hardest
 
@@ -34,8 +34,6 @@ def proxy_select(proxy, optimizer, inputs, targets, loss_fn, keep: float, autoca
 
 
 class ProxySelection(Algorithm):
-    events = (Event.FIT_START,)
-
     def __init__(self, proxy: "dict | torch.nn.Module", keep: float = 0.5, lr: float = 0.05, momentum: float = 0.9,
                  weight_decay: float = 5e-4, start: str = "0dur", end: str = "1dur"):
         if not 0.0 < keep <= 1.0:
@@ -64,7 +62,7 @@ class ProxySelection(Algorithm):
             self.optimizer.load_state_dict(self._pending["optimizer"])
             self._pending = None
 
-    def apply(self, event, state, logger):
+    def fit_start(self, state, logger):
         if self.proxy is None:
             self._build(state)
 

@@ -32,8 +32,6 @@ def sam_restore(params: list[torch.Tensor], e: list[torch.Tensor]) -> None:
 
 
 class SAM(Algorithm):
-    events = ()   # it acts through the step seam only
-
     def __init__(self, rho: float = 0.05, interval: int = 1):
         if rho <= 0 or interval < 1:
             raise ValueError(f"need rho > 0 and interval >= 1, got rho={rho}, interval={interval}")

@@ -37,8 +37,6 @@ def per_sample_losses(model, state, batch) -> torch.Tensor:
 
 
 class SelectiveBackprop(Algorithm):
-    events = ()   # it acts through the step seam only
-
     def __init__(self, keep: float = 0.5, start: str = "0dur", end: str = "1dur", interrupt: int = 0):
         if not 0.0 < keep <= 1.0:
             raise ValueError(f"keep must lie in (0, 1], got {keep}")

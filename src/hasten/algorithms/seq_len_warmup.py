@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from ..core import Algorithm, Event, Time
+from ..core import Algorithm, Time
 
 
 def reshape_sequences(inputs: torch.Tensor, targets: torch.Tensor, length: int):
@@ -36,14 +36,12 @@ def warmup_length(progress_fraction: float, start: int, end: int, step: int) -> 
 
 
 class SeqLenWarmup(Algorithm):
-    events = (Event.AFTER_DATALOADER,)
-
     def __init__(self, start: int = 8, step: int = 8, duration: str = "0.3dur"):
         if start < 1 or step < 1:
             raise ValueError("start and step must be >= 1")
         self.start, self.step, self.duration = start, step, Time.parse(duration)
 
-    def apply(self, event, state, logger):
+    def after_dataloader(self, state, logger):
         p = state.progress_through(self.duration)
         if p >= 1.0:
             return

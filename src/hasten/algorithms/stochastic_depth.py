@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from ..core import Algorithm, Event
+from ..core import Algorithm
 
 
 def drop_path(y: torch.Tensor, p: float, generator: torch.Generator | None = None) -> torch.Tensor:
@@ -36,14 +36,12 @@ class DropPath(nn.Module):
 
 
 class StochasticDepth(Algorithm):
-    events = (Event.INIT,)
-
     def __init__(self, drop_rate: float = 0.1, branch_names: tuple = ("branch", "body")):
         if not 0.0 <= drop_rate < 1.0:
             raise ValueError(f"drop_rate must lie in [0, 1), got {drop_rate}")
         self.drop_rate, self.branch_names = drop_rate, tuple(branch_names)
 
-    def apply(self, event, state, logger):
+    def init(self, state, logger):
         blocks = [(m, n) for m in state.model.modules() for n in self.branch_names
                   if isinstance(getattr(m, n, None), nn.Module) and not isinstance(getattr(m, n), DropPath)
                   and not isinstance(m, DropPath)]

@@ -14,12 +14,10 @@ import itertools
 import torch
 from torch.optim.swa_utils import AveragedModel
 
-from ..core import Algorithm, Event, as_time
+from ..core import Algorithm, as_time
 
 
 class SWA(Algorithm):
-    events = (Event.BATCH_END, Event.FIT_END)
-
     def __init__(self, start: "float | str" = 0.75, update_every: int = 1, bn_batches: int = 50):
         self.start = as_time(start, "start")
         if self.start.unit.value == "dur" and self.start.value >= 1.0:
@@ -28,17 +26,21 @@ class SWA(Algorithm):
         self.averaged: AveragedModel | None = None
         self._pending = None
 
-    def apply(self, event, state, logger):
+    def _restore_pending(self, state):
         if self.averaged is None and self._pending is not None:   # resumed inside the window
             self.averaged = AveragedModel(state.model, use_buffers=False)
             self.averaged.load_state_dict(self._pending)
             self._pending = None
-        if event == Event.BATCH_END:
-            if state.progress > state.fraction_of(self.start) and state.timestamp.batch % self.update_every == 0:
-                if self.averaged is None:
-                    self.averaged = AveragedModel(state.model, use_buffers=False)
-                self.averaged.update_parameters(state.model)
-            return
+
+    def batch_end(self, state, logger):
+        self._restore_pending(state)
+        if state.progress > state.fraction_of(self.start) and state.timestamp.batch % self.update_every == 0:
+            if self.averaged is None:
+                self.averaged = AveragedModel(state.model, use_buffers=False)
+            self.averaged.update_parameters(state.model)
+
+    def fit_end(self, state, logger):
+        self._restore_pending(state)
         if self.averaged is None:
             return
         with torch.no_grad():

@@ -19,7 +19,7 @@ import time
 
 import torch
 
-from ..core import Algorithm, Event
+from ..core import Algorithm
 from ..data.augment import translate as _translate
 
 
@@ -77,8 +77,6 @@ class _TTAModel(torch.nn.Module):
 
 
 class TTA(Algorithm):
-    events = (Event.EVAL_START, Event.EVAL_END)
-
     def __init__(self, flip: bool = True, translate: int = 1, final_only: bool = True,
                  fraction: float = 1.0):
         _check_fraction(fraction)        # at construction, so a bad recipe fails before training
@@ -86,14 +84,15 @@ class TTA(Algorithm):
         self._saved = None
         self._t0 = None
 
-    def apply(self, event, state, logger):
-        if event == Event.EVAL_START:
-            if self.final_only and state.progress < 1.0:
-                return
-            self._saved = state.forward_model
-            state.forward_model = _TTAModel(self._saved, self.flip, self.translate, self.fraction)
-            self._t0 = time.perf_counter()
-        elif self._saved is not None:
+    def eval_start(self, state, logger):
+        if self.final_only and state.progress < 1.0:
+            return
+        self._saved = state.forward_model
+        state.forward_model = _TTAModel(self._saved, self.flip, self.translate, self.fraction)
+        self._t0 = time.perf_counter()
+
+    def eval_end(self, state, logger):
+        if self._saved is not None:
             state.forward_model, self._saved = self._saved, None
             if state.device.type == "cuda":
                 torch.cuda.synchronize()

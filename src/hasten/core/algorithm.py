@@ -1,33 +1,40 @@
-"""Algorithm: a two-way callback that may change the training state."""
+"""Algorithm: a two-way callback that may change the training state, one method per event."""
 from __future__ import annotations
 
-from typing import Callable, ClassVar, Iterable
+import warnings
+from typing import Callable
 
+from .callback import _noop
 from .event import Event
 
 
 class Algorithm:
-    """Subclass and implement `apply`; say when with `events` or by overriding `match`.
+    """Subclass and override the methods of the events you act on, as with a Callback::
 
-    `events` (a class or instance attribute) lists the events the algorithm listens to;
-    the Engine never asks an algorithm about other events, so unused events cost nothing;
-    an algorithm with no events (one that acts only through `wrap_step` or `wrap_loss`) is
-    never called.
+        class Halve(Algorithm):
+            def after_dataloader(self, state, logger):
+                state.batch = (state.batch[0][: len(state.batch[0]) // 2], state.batch[1][: len(state.batch[1]) // 2])
+
+    The events an algorithm listens to are the methods its class overrides (`listens_to`);
+    the Engine never calls an algorithm at any other event, so unused events cost nothing,
+    and an algorithm that acts only through `wrap_step` or `wrap_loss` is never called.
+    `match(event, state)` may add a condition (checked before each call when overridden).
     Algorithms that keep state across steps (EMA weights, per-sample scores) return it
     from `state_dict` so checkpoints and resumption carry it.
     """
-
-    events: ClassVar[Iterable[Event]] = ()
 
     @property
     def name(self) -> str:
         return type(self).__name__
 
-    def match(self, event: Event, state) -> bool:
-        return True
+    @classmethod
+    def listens_to(cls) -> tuple[Event, ...]:
+        """The events whose method this class overrides, in firing order."""
+        return tuple(e for e in Event if getattr(cls, e.value, _noop) is not _noop)
 
-    def apply(self, event: Event, state, logger) -> None:
-        raise NotImplementedError(f"{type(self).__name__} lists events but does not implement apply")
+    def match(self, event: Event, state) -> bool:
+        """A condition on an event this algorithm listens to; True unless overridden."""
+        return True
 
     def wrap_step(self, step: Callable) -> Callable:
         """The step seam: return a function that replaces or wraps `step(state)`.
@@ -57,3 +64,22 @@ class Algorithm:
 
     def __repr__(self) -> str:
         return f"{self.name}()"
+
+    def __init_subclass__(cls, **kwargs):
+        """Algorithms written for hasten 0.1's `events` tuple and `apply(event, state, logger)`
+        keep working, with a deprecation warning: each listed event gets a method calling apply."""
+        super().__init_subclass__(**kwargs)
+        apply, events = cls.__dict__.get("apply"), cls.__dict__.get("events")
+        if apply is None:
+            return
+        warnings.warn(f"{cls.__name__}: `events` and `apply(event, state, logger)` are deprecated; override "
+                      "one method per event instead (e.g. `def batch_end(self, state, logger)`)",
+                      DeprecationWarning, stacklevel=2)
+        for event in events or ():
+            if cls.__dict__.get(event.value) is None:
+                setattr(cls, event.value, (lambda ev: lambda self, state, logger: self.apply(ev, state, logger))(event))
+
+
+for _event in Event:
+    setattr(Algorithm, _event.value, _noop)
+del _event

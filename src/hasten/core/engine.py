@@ -6,6 +6,7 @@ dictionary look-up.
 """
 from __future__ import annotations
 
+from .algorithm import Algorithm
 from .callback import _noop
 from .event import Event
 
@@ -20,7 +21,8 @@ class Engine:
         """Recompute the dispatch table (call after changing state.algorithms or callbacks)."""
         table = {}
         for event in Event:
-            algos = [a for a in self.state.algorithms if event in a.events]   # no events: called on none
+            algos = [(a, getattr(a, event.value), type(a).match is not Algorithm.match)
+                     for a in self.state.algorithms if event in a.listens_to()]
             if event.is_after:
                 algos.reverse()
             cbs = [getattr(cb, event.value) for cb in self.state.callbacks
@@ -38,7 +40,7 @@ class Engine:
             entry = self._table.get(event)
             if entry is None:
                 continue
-            algos = ", ".join(a.name for a in entry[0])
+            algos = ", ".join(a.name for a, _, _ in entry[0])
             cbs = ", ".join(type(fn.__self__).__name__ for fn in entry[1])
             lines.append(f"{event.name:<18} " + "; ".join(x for x in (algos and f"algorithms: {algos}",
                                                                      cbs and f"callbacks: {cbs}") if x))
@@ -49,8 +51,8 @@ class Engine:
         if entry is None:
             return
         state, logger = self.state, self.logger
-        for algo in entry[0]:
-            if algo.match(event, state):
-                algo.apply(event, state, logger)
+        for algo, fn, conditional in entry[0]:
+            if not conditional or algo.match(event, state):
+                fn(state, logger)
         for fn in entry[1]:
             fn(state, logger)

@@ -33,6 +33,7 @@ class State:
     forward_model: Any = None     # what the forward pass calls: the model, or its compiled form
     batch_fn: Callable | None = None   # batch -> (inputs, targets): the Trainer's batch contract
     autocast: Callable | None = None   # () -> the precision's autocast context, for extra forward passes
+    runtime: Any = None           # hasten.Runtime: device, precision, seed, threads, allocator, resolved once
     # per step
     batch: Any = None             # the whole batch of the step, on the device
     micro_batch: Any = None       # the micro-batch being processed (== batch when grad_accum == 1)
