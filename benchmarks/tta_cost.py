@@ -21,11 +21,10 @@ import torch
 
 from common import write_results
 from hasten.algorithms.tta import tta_logits
-from hasten.allocator import configure_host_allocator
+from hasten.build import recipe_runtime
 from hasten.checkpoint import CheckpointIO
 from hasten.config import load_recipe
 from hasten.tasks import TASKS
-from hasten.utils import resolve_device, resolve_precision
 
 
 def main(argv=None) -> int:
@@ -43,13 +42,13 @@ def main(argv=None) -> int:
     if not recipe_file.is_file():
         raise SystemExit(f"no recipe.yaml beside {ckpt.parent}: pass a checkpoint inside a hasten run folder")
     recipe = load_recipe(str(recipe_file), [f"data.path={args.data}"] if args.data else [])
-    device = resolve_device(recipe.trainer.device)
-    configure_host_allocator(recipe.trainer.host_allocator, device.type)
-    built = TASKS[recipe.task].build(recipe)
+    runtime = recipe_runtime(recipe)
+    device = runtime.device
+    built = TASKS[recipe.task].build(recipe, runtime)
     model = built.model
     model.load_state_dict(CheckpointIO().load(ckpt)["model"])
     model = model.to(device, memory_format=torch.channels_last).eval()
-    bf16 = resolve_precision(recipe.trainer.precision, device) == "bf16-mixed"
+    bf16 = runtime.precision == "bf16-mixed"
     batches = [(x.to(device), y.to(device)) for x, y in built.eval_dataloader]
 
     settings = [("plain", 0, 1.0, False), ("mirror", 0, 1.0, True)] + [

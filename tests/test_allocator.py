@@ -46,10 +46,17 @@ PROBE = textwrap.dedent("""
         import torch
         from hasten import Trainer
         Trainer(torch.nn.Linear(2, 2), device="cpu")
-    elif mode == "trainer-default":
+    elif mode == "trainer-auto":
         import torch
         from hasten import Trainer
-        Trainer(torch.nn.Linear(2, 2), device="cpu", host_allocator="default")
+        Trainer(torch.nn.Linear(2, 2), device="cpu", host_allocator="auto")
+    elif mode == "runtime-auto":
+        from hasten import make_runtime
+        make_runtime(device="cpu", host_allocator="auto")
+    elif mode == "recipe":   # what hasten train and hasten bench do
+        from hasten.build import recipe_runtime
+        from hasten.config import load_recipe
+        recipe_runtime(load_recipe("shakespeare-char-baseline", ["trainer.device=cpu"]))
     elif mode == "call":
         from hasten.allocator import tune_host_allocator
         print(tune_host_allocator().reason, file=sys.stderr)
@@ -80,16 +87,20 @@ def test_tuning_keeps_large_blocks_in_the_heap():
 
 
 @needs_glibc
-def test_trainer_tunes_on_cpu_unless_told_not_to():
-    assert _probe("trainer")["mapped"] == 0
-    assert _probe("trainer-default")["mapped"] >= 1
+def test_library_users_opt_in_and_the_command_line_tunes_by_default():
+    """A Trainer leaves its host process's malloc alone unless asked; hasten train and
+    hasten bench (a recipe's runtime, host_allocator: auto) tune it on the CPU."""
+    assert _probe("trainer")["mapped"] >= 1
+    assert _probe("trainer-auto")["mapped"] == 0
+    assert _probe("runtime-auto")["mapped"] == 0
+    assert _probe("recipe")["mapped"] == 0
 
 
 @needs_glibc
 def test_user_environment_wins():
     # The user's own settings (here: mmap blocks above 1 MiB that the heap's free top cannot
     # hold) are left in place: large blocks are mapped, where hasten's settings map none.
-    probed = _probe("trainer", {"MALLOC_MMAP_THRESHOLD_": str(2**20 - 1)})
+    probed = _probe("trainer-auto", {"MALLOC_MMAP_THRESHOLD_": str(2**20 - 1)})
     assert probed["mapped"] >= 1
 
 

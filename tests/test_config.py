@@ -83,8 +83,9 @@ def test_every_field_has_a_docstring_and_the_generated_reference_is_current():
     from hasten.config import OptimizerConfig, ScheduleConfig, TrainerConfig, reference
     from hasten.schema import field_docs
     from hasten.tasks import TASKS
-    classes = [TrainerConfig, OptimizerConfig, ScheduleConfig] + [t.DataConfig for t in TASKS.values()]
-    classes += [t.ModelConfig for t in TASKS.values() if hasattr(t, "ModelConfig")]
+    from hasten.tasks import NamedModel
+    classes = [TrainerConfig, OptimizerConfig, ScheduleConfig] + [t.data_config for t in TASKS.values()]
+    classes += [t.model_config for t in TASKS.values() if t.model_config is not NamedModel]
     for cls in classes:
         docs = field_docs(cls)
         missing = [f.name for f in dataclasses.fields(cls) if not docs.get(f.name)]

@@ -76,13 +76,15 @@ def test_fp32_iteration_orthogonalises_and_differs_from_torch_only_by_bf16_round
 
 
 def test_newton_schulz_dtype_rule():
+    """auto follows the run's precision: a user who asks for fp32 gets an fp32 iteration
+    whatever the hardware; an explicit setting wins."""
     from hasten.optim import ns_dtype_for
-    cpu, cuda = torch.device("cpu"), torch.device("cuda")
-    assert ns_dtype_for("auto", cpu, frozenset({"avx2", "fma"})) == torch.float32        # bf16 emulated
-    assert ns_dtype_for("auto", cpu, frozenset({"avx2", "avx512_bf16"})) == torch.bfloat16
-    assert ns_dtype_for("auto", cpu, frozenset({"amx_bf16"})) == torch.bfloat16
-    assert ns_dtype_for("auto", cuda) == torch.bfloat16
-    assert ns_dtype_for("fp32", cuda) == torch.float32 and ns_dtype_for("bf16", cpu, frozenset()) == torch.bfloat16
+    assert ns_dtype_for("auto", "fp32") == torch.float32
+    assert ns_dtype_for("auto", "fp16-mixed") == torch.float32
+    assert ns_dtype_for("auto", "bf16-mixed") == torch.bfloat16
+    assert ns_dtype_for("fp32", "bf16-mixed") == torch.float32 and ns_dtype_for("bf16", "fp32") == torch.bfloat16
+    assert ConvMuon([nn.Parameter(torch.randn(4, 4))]).param_groups[0]["ns_dtype"] == "fp32"
+    assert ConvMuon([nn.Parameter(torch.randn(4, 4))], precision="bf16-mixed").param_groups[0]["ns_dtype"] == "bf16"
     with pytest.raises(ValueError, match="ns_dtype"):
         ConvMuon([nn.Parameter(torch.randn(4, 4))], ns_dtype="fp16")
     with pytest.raises(ValueError, match="adjust_lr_fn"):
@@ -155,6 +157,7 @@ def test_normalized_conv_muon_equals_muon_on_a_weight_rescaled_by_hand():
 def test_muon_with_sgd_for_the_rest_keeps_the_group_rules():
     from hasten.algorithms.frozen_bn import freeze_bn_scale
     from hasten.build import build_optimizer
+    from hasten.runtime import make_runtime
     from hasten.config import OptimizerConfig
     from hasten.models import SpeedrunNet
     m = SpeedrunNet(widths=(8, 16, 16), head_std=1.0)
@@ -163,7 +166,7 @@ def test_muon_with_sgd_for_the_rest_keeps_the_group_rules():
     cfg = OptimizerConfig(name="muon", muon_others="sgd", lr=2.0, momentum=0.85, nesterov=True, weight_decay=1e-3,
                           decay_min_dim=1, decay_ignores_lr_mult=True, lr_multipliers={"head.*": 8.0},
                           muon_lr=0.24, muon_momentum=0.6, muon_ns_steps=3, muon_normalize=True)
-    muon, sgd = build_optimizer(cfg, m, torch.device("cpu"))
+    muon, sgd = build_optimizer(cfg, m, make_runtime(device="cpu"))
     assert isinstance(muon, ConvMuon) and muon.param_groups[0]["normalize_weights"]
     kernels = {id(p) for n, p in m.named_parameters() if p.ndim == 4 and p.requires_grad}
     assert {id(p) for p in muon.param_groups[0]["params"]} == kernels      # every trainable conv kernel, nothing else

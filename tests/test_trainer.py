@@ -9,7 +9,7 @@ import torchmetrics
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from hasten import Algorithm, Callback, Event, NonFiniteLossError, Trainer
+from hasten import Algorithm, Callback, NonFiniteLossError, Trainer
 from hasten.callbacks import ProgressBar, SpeedMonitor, LRMonitor
 from hasten.loggers import JSONLLogger
 from hasten.optim import LRSchedule
@@ -59,9 +59,8 @@ def test_plain_loop_equivalence():
 
 class DropOddSamples(Algorithm):
     """Zero the loss of odd-indexed samples: they stay in the denominator."""
-    events = (Event.AFTER_LOSS,)
 
-    def apply(self, event, state, logger):
+    def after_loss(self, state, logger):
         w = torch.ones_like(state.loss)
         w[1::2] = 0
         state.loss = state.loss * w
@@ -89,9 +88,6 @@ def test_step_seam_wraps_the_forward_backward():
     calls = []
 
     class TwoPass(Algorithm):
-        def apply(self, event, state, logger):
-            pass
-
         def wrap_step(self, step):
             def wrapped(state):
                 calls.append("first")
@@ -107,9 +103,7 @@ def test_step_seam_wraps_the_forward_backward():
 
 def test_optimizers_built_after_model_surgery():
     class Widen(Algorithm):
-        events = (Event.INIT,)
-
-        def apply(self, event, state, logger):
+        def init(self, state, logger):
             state.model[2] = nn.Linear(16, 4)   # replace a module before optimizers exist
 
     model = mlp()
@@ -153,9 +147,7 @@ def test_mixed_precision_trains(precision):
 
 def test_nan_loss_stops_with_the_step_range_and_no_bad_checkpoint(tmp_path):
     class Poison(Algorithm):
-        events = (Event.AFTER_LOSS,)
-
-        def apply(self, event, state, logger):
+        def after_loss(self, state, logger):
             if state.timestamp.batch == 6:   # the 7th batch
                 state.loss = state.loss * float("nan")
 
@@ -285,9 +277,7 @@ def test_schedule_matches_nanogpt_get_lr():
     seen = []
 
     class Spy(Algorithm):
-        events = (Event.BATCH_START,)
-
-        def apply(self, event, state, logger):
+        def batch_start(self, state, logger):
             seen.append(state.optimizer.param_groups[0]["lr"])
 
     from hasten.data import RandomWindows
@@ -353,7 +343,7 @@ def test_precision_auto_follows_the_hardware():
     trainer = Trainer(nn.Linear(2, 2), device="cpu", precision="auto")
     expected = "bf16-mixed" if cpu_flags() & {"avx512_bf16", "amx_bf16"} else "fp32"
     assert trainer.state.precision == expected
-    assert (trainer._autocast_dtype is torch.bfloat16) == (expected == "bf16-mixed")
+    assert (trainer.runtime.autocast_dtype is torch.bfloat16) == (expected == "bf16-mixed")
 
 
 def test_grad_clip_norm_is_one_gradient_clipping_algorithm_and_matches_torch():

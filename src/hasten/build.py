@@ -8,7 +8,6 @@ from pathlib import Path
 
 import torch
 
-from .allocator import configure_host_allocator
 from .callbacks import LRMonitor, ProgressBar, SpeedMonitor
 from .callbacks.checkpoint import Checkpoint
 from .config import OptimizerConfig, Recipe, make_algorithm
@@ -19,27 +18,28 @@ from .optim import LRSchedule, apply_lr_multipliers, param_groups
 from .optim.muon import muon_for, muon_optimizers, split_for_muon
 from .optim.sgdw import SGDW, decoupled_hparams
 from .runs import check_run_folder, write_run_folder
+from .runtime import Runtime, make_runtime
 from .tasks import TASKS
 from .tasks.base import Built
 from .trainer import Trainer
-from .utils import resolve_device
 
 
-def build_optimizer(cfg: OptimizerConfig, model: torch.nn.Module, device: torch.device, batch_size: int | None = None):
+def build_optimizer(cfg: OptimizerConfig, model: torch.nn.Module, runtime: Runtime, batch_size: int | None = None):
+    """The recipe's optimizer(s) for `model`; Muon's Newton-Schulz precision follows the runtime's."""
     if cfg.per_example and cfg.name != "sgdw":
         raise ValueError(f"optimizer.per_example applies to sgdw only, not {cfg.name!r}")
-    fused = cfg.fused if cfg.fused is not None else device.type in ("cpu", "cuda")
+    fused = cfg.fused if cfg.fused is not None else runtime.device.type in ("cpu", "cuda")
     if cfg.name == "muon" and cfg.muon_others == "adamw":
         return muon_optimizers(model, muon_lr=cfg.muon_lr, muon_momentum=cfg.muon_momentum,
                                muon_weight_decay=cfg.muon_weight_decay, adam_lr=cfg.lr, adam_betas=cfg.betas,
                                adam_weight_decay=cfg.weight_decay, adjust_lr_fn=cfg.muon_adjust_lr, fused=cfg.fused,
                                ns_steps=cfg.muon_ns_steps, normalize_weights=cfg.muon_normalize,
-                               ns_dtype=cfg.muon_ns_dtype)
+                               ns_dtype=cfg.muon_ns_dtype, precision=runtime.precision)
     if cfg.name == "muon":   # Muon for the hidden matrices and kernels, SGD with the group rules for the rest
         hidden, other = split_for_muon(model)
         opts = [muon_for([p for _, p in hidden], cfg.muon_lr, cfg.muon_momentum, cfg.muon_weight_decay,
                          cfg.muon_adjust_lr, cfg.muon_ns_steps, cfg.muon_normalize,
-                         ns_dtype=cfg.muon_ns_dtype)] if hidden else []
+                         ns_dtype=cfg.muon_ns_dtype, precision=runtime.precision)] if hidden else []
         if other:
             groups = param_groups(other, cfg.weight_decay, cfg.decay_min_dim, tuple(cfg.no_decay), cfg.lr_multipliers,
                                   cfg.decay_ignores_lr_mult)
@@ -90,28 +90,32 @@ def build_algorithms(recipe: Recipe) -> list:
     return [make_algorithm(name, params) for name, params in recipe.algorithms.items()]
 
 
+def recipe_runtime(recipe: Recipe) -> Runtime:
+    """The recipe's runtime, resolved and applied (threads, host allocator, seeds): the first
+    thing a run does, before any data is loaded or model built."""
+    t = recipe.trainer
+    return make_runtime(device=t.device, precision=t.precision, seed=t.seed, threads=t.threads,
+                        host_allocator=t.host_allocator)
+
+
 def build_run(recipe: Recipe, progress_bar: bool | None = None, console_logger: bool = True,
               force: bool = False) -> Run:
-    """Everything for `recipe`, in this order: runtime settings, the algorithms (their
+    """Everything for `recipe`, in this order: the runtime, the algorithms (their
     arguments checked), the run folder (writable, locked, new or this run resumed), then
     data and model, then the Trainer. `force`: resume even if the recipe changes the run."""
     t = recipe.trainer
     if t.autoresume and not t.run_dir:
         raise ConfigError("trainer.autoresume=true needs trainer.run_dir, the run folder to continue "
                           "(or use `hasten train --resume RUN_DIR`)")
-    if t.threads:
-        torch.set_num_threads(t.threads)
-    device = resolve_device(t.device)
-    configure_host_allocator(t.host_allocator, device.type)   # before the data is loaded
+    runtime = recipe_runtime(recipe)   # seeds too: the model below is initialised under the run's seed
     algorithms = build_algorithms(recipe)
     run_dir = Path(t.run_dir) if t.run_dir else default_run_dir(recipe)
     created = [p for p in (run_dir, *run_dir.parents) if not p.exists()]   # the folders this run makes, deepest first
     lock = FolderLock(ensure_writable_dir(run_dir, "run folder"), "run folder").acquire()
     try:
         changes = check_run_folder(recipe, run_dir, force)
-        torch.manual_seed(t.seed)  # model initialisation is part of the seeded run
-        built = TASKS[recipe.task].build(recipe)
-        trainer = _trainer(recipe, built, algorithms, run_dir, device, progress_bar, console_logger)
+        built = TASKS[recipe.task].build(recipe, runtime)
+        trainer = _trainer(recipe, built, algorithms, run_dir, runtime, progress_bar, console_logger)
         write_run_folder(recipe, run_dir, changes, force)
     except BaseException:
         lock.release()
@@ -126,7 +130,7 @@ def build_run(recipe: Recipe, progress_bar: bool | None = None, console_logger: 
     return Run(recipe=recipe, trainer=trainer, built=built, run_dir=run_dir, lock=lock)
 
 
-def _trainer(recipe: Recipe, built: Built, algorithms: list, run_dir: Path, device, progress_bar,
+def _trainer(recipe: Recipe, built: Built, algorithms: list, run_dir: Path, runtime: Runtime, progress_bar,
              console_logger: bool) -> Trainer:
     t = recipe.trainer
     loggers = [JSONLLogger(run_dir / "metrics.jsonl")]
@@ -150,14 +154,12 @@ def _trainer(recipe: Recipe, built: Built, algorithms: list, run_dir: Path, devi
     try:
         return Trainer(
             model=built.model, train_dataloader=built.train_dataloader, eval_dataloader=built.eval_dataloader,
-            optimizers=lambda model: build_optimizer(recipe.optimizer, model, device,
-                                                     getattr(recipe.data, "batch_size", None)),
+            optimizers=lambda model: build_optimizer(recipe.optimizer, model, runtime, recipe.data.batch_size),
             schedulers=[schedule],
             loss_fn=built.loss_fn, max_duration=t.max_duration, eval_interval=t.eval_interval,
             log_interval=t.log_interval, metrics=built.metrics, algorithms=algorithms, callbacks=callbacks,
-            loggers=loggers, precision=t.precision, device=device, compile=t.compile, grad_accum=t.grad_accum,
-            grad_clip_norm=t.grad_clip_norm, seed=t.seed, load_path=t.load_path, autoresume=t.autoresume,
-            host_allocator=t.host_allocator)
+            loggers=loggers, runtime=runtime, compile=t.compile, grad_accum=t.grad_accum,
+            grad_clip_norm=t.grad_clip_norm, load_path=t.load_path, autoresume=t.autoresume)
     except ValueError as e:
         if isinstance(e, ConfigError):
             raise

@@ -60,7 +60,7 @@ def _cmd_train(args) -> int:
     state = run.trainer.state
     params = run.built.info.get("params")
     console.print(f"hasten {__import__('hasten').__version__}: recipe [bold]{recipe.name}[/] on {state.device} "
-                  f"({state.precision}" + (", chosen by precision=auto" if recipe.trainer.precision == "auto" else "")
+                  f"({state.precision}" + (", chosen by precision=auto" if state.runtime.asked_precision == "auto" else "")
                   + f"), {params:,} parameters, max_duration {state.max_duration}"
                   + (f", resuming at batch {state.timestamp.batch} from {state.resumed_from['path']}"
                      if state.resumed_from else ""))

@@ -69,7 +69,7 @@ class TrainerConfig:
     threads: Optional[int] = setting(None, ge=1)
     """torch.set_num_threads; default: leave as it is."""
     host_allocator: Literal["auto", "tuned", "default"] = "auto"
-    """glibc malloc settings; auto: tuned for CPU runs (hasten.allocator)."""
+    """glibc malloc settings; auto: tuned for CPU runs (hasten.allocator). hasten train/bench apply it; a Python Trainer leaves malloc alone unless asked."""
 
 
 @dataclass
@@ -114,7 +114,7 @@ class OptimizerConfig:
     muon_normalize: bool = False
     """Rescale each Muon parameter to norm sqrt(rows) before its update."""
     muon_ns_dtype: Literal["auto", "bf16", "fp32"] = "auto"
-    """Newton-Schulz precision; auto: bf16 on GPUs and bf16 CPUs, fp32 elsewhere."""
+    """Newton-Schulz precision; auto: follows trainer.precision (bf16 under bf16-mixed, fp32 otherwise)."""
     muon_others: Literal["adamw", "sgd"] = "adamw"
     """The optimizer of the rest: adamw (lr, betas, one group) or sgd (lr, momentum, nesterov, group rules)."""
 
@@ -264,8 +264,8 @@ def validate(raw: dict) -> Recipe:
         raise ConfigError(f"task: {recipe.task!r} is not a known task; choose one of {sorted(TASKS)}."
                           + _suggest(recipe.task, TASKS))
     task = TASKS[recipe.task]
-    recipe.model = task.model_config(recipe.model)
-    recipe.data = from_dict(task.DataConfig, recipe.data, "data")
+    recipe.model = task.parse_model(recipe.model)
+    recipe.data = from_dict(task.data_config, recipe.data, "data")
     if Time.parse(recipe.trainer.max_duration).unit.value == "dur":
         raise ConfigError(f"trainer.max_duration: {recipe.trainer.max_duration!r} is a fraction of the run; "
                           "give ep, ba, sp, tok or s/m/h")
@@ -291,13 +291,12 @@ def reference() -> str:
     sections = [("trainer", TrainerConfig), ("optimizer", OptimizerConfig), ("schedule", ScheduleConfig)]
     for name, cls in sections:
         parts += [f"## {name}", "", (cls.__doc__ or "").strip(), "", reference_table(cls, name), ""]
-    for task_name in sorted({t.__name__: n for n, t in TASKS.items()}.values()):
-        task = TASKS[task_name]
-        aliases = sorted(n for n, t in TASKS.items() if t is task)
-        parts += [f"## data (task: {' or '.join(aliases)})", "", reference_table(task.DataConfig, "data"), ""]
-        model_cls = getattr(task, "ModelConfig", None)
-        if model_cls is not None:
-            parts += [f"## model (task: {' or '.join(aliases)})", "", reference_table(model_cls, "model"), ""]
+    from .tasks import SPECS, NamedModel
+    for task in sorted(SPECS, key=lambda t: t.name):
+        aliases = sorted((task.name, *task.aliases))
+        parts += [f"## data (task: {' or '.join(aliases)})", "", reference_table(task.data_config, "data"), ""]
+        if task.model_config is not NamedModel:
+            parts += [f"## model (task: {' or '.join(aliases)})", "", reference_table(task.model_config, "model"), ""]
         else:
             parts += [f"## model (task: {' or '.join(aliases)})", "",
                       "`model.name` picks a model of `hasten.models.MODELS`; the other keys are its constructor's "
@@ -319,6 +318,8 @@ def make_algorithm(name: str, params: dict):
 def to_dict(recipe: Recipe) -> dict:
     """A plain, YAML-able dict of a validated recipe (for run folders and reports)."""
     def plain(v):
+        if hasattr(v, "as_recipe"):   # a config whose YAML form is not its fields (tasks.NamedModel)
+            return plain(v.as_recipe())
         if dataclasses.is_dataclass(v):
             return {f.name: plain(getattr(v, f.name)) for f in dataclasses.fields(v)}
         if isinstance(v, dict):

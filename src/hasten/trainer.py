@@ -7,7 +7,6 @@ step and loss seams), and everything that watches happens in a Callback.
 """
 from __future__ import annotations
 
-import contextlib
 import math
 import signal
 import sys
@@ -19,21 +18,18 @@ from typing import Any, Callable, Iterable, Sequence
 import torch
 import torch.nn.functional as F
 
-from .allocator import configure_host_allocator
 from .checkpoint import CheckpointIO, load_latest, restore, save
 from .core import Algorithm, Engine, Event, Interval, State, Time, TimeUnit
 from .data.resumable import epoch_iterator
 from .errors import TrainingError
 from .loggers import LogHub
-from .utils import (batch_size, forward, inputs_targets, resolve_device, resolve_precision, seed_everything,
-                    split_batch, to_device)
+from .runtime import PRECISIONS, Runtime, make_runtime  # noqa: F401  (PRECISIONS: re-exported)
+from .utils import batch_size, forward, inputs_targets, seed_everything, split_batch, to_device
 
 # Events as module constants: looking members up on an Enum class is slow in Python 3.11.
 (AFTER_BACKWARD, AFTER_DATALOADER, AFTER_FORWARD, AFTER_LOSS, AFTER_OPTIM_STEP, BATCH_END, BATCH_START, BEFORE_BACKWARD, BEFORE_DATALOADER, BEFORE_FORWARD, BEFORE_LOSS, BEFORE_OPTIM_STEP, CHECKPOINT, EPOCH_END, EPOCH_START, EVAL_BATCH_END, EVAL_BATCH_START, EVAL_END, EVAL_START, FIT_END, FIT_START, INIT, PREDICT_BATCH_END, PREDICT_END, PREDICT_START) = (
     Event.AFTER_BACKWARD, Event.AFTER_DATALOADER, Event.AFTER_FORWARD, Event.AFTER_LOSS, Event.AFTER_OPTIM_STEP, Event.BATCH_END, Event.BATCH_START, Event.BEFORE_BACKWARD, Event.BEFORE_DATALOADER, Event.BEFORE_FORWARD, Event.BEFORE_LOSS, Event.BEFORE_OPTIM_STEP, Event.CHECKPOINT, Event.EPOCH_END, Event.EPOCH_START, Event.EVAL_BATCH_END, Event.EVAL_BATCH_START, Event.EVAL_END, Event.EVAL_START, Event.FIT_END, Event.FIT_START, Event.INIT, Event.PREDICT_BATCH_END, Event.PREDICT_END, Event.PREDICT_START)
 
-PRECISIONS = ("fp32", "bf16-mixed", "fp16-mixed", "auto")   # auto: hasten.utils.resolve_precision
-_NO_AUTOCAST = contextlib.nullcontext()   # reusable: fp32 steps enter no real context
 
 
 def default_loss(outputs: torch.Tensor, targets: torch.Tensor, reduction: str = "none") -> torch.Tensor:
@@ -81,6 +77,12 @@ def _default_token_count(targets) -> int:
 class Trainer:
     """Trains a model. See the README for a tour and docs/trainer.md for every argument.
 
+    model: a module, or a factory `f() -> module` called once the runtime is resolved (so the
+        model is initialised under the run's seed).
+    runtime: a `hasten.Runtime` from `hasten.make_runtime` (device, precision, seed, threads,
+        host allocator, resolved once); or give device / precision / seed / host_allocator
+        here and the Trainer makes one (defaults: device auto, precision fp32, seed 0,
+        host allocator left as it is). Not both.
     optimizers: an optimizer, a list of them, or a factory `f(model) -> optimizer(s)` that is
         called after the INIT event, so algorithms that replace modules need no remapping.
         Default: AdamW(lr=1e-3).
@@ -89,13 +91,14 @@ class Trainer:
     loss_fn: `loss_fn(outputs, targets)` returning per-sample (or per-token) losses, or a
         scalar. The Trainer reduces: the mean over all samples of the step, across
         micro-batches, so grad_accum=k equals one batch k times larger.
-    host_allocator: 'auto' (default) fixes glibc malloc's thresholds when training on the CPU,
-        'tuned' does so whatever the device, 'default' leaves them (see hasten.allocator).
+    host_allocator: 'default' (the default) leaves glibc malloc as it is; 'auto' tunes its
+        thresholds when training on the CPU (what `hasten train` does), 'tuned' whatever the
+        device (see hasten.allocator).
     """
 
     def __init__(
         self,
-        model: torch.nn.Module,
+        model: "torch.nn.Module | Callable[[], torch.nn.Module]",
         train_dataloader: Iterable | None = None,
         optimizers: Any = None,
         schedulers: Any = None,
@@ -107,12 +110,12 @@ class Trainer:
         algorithms: Sequence = (),
         callbacks: Sequence = (),
         loggers: Sequence = (),
-        precision: str = "fp32",
-        device: "str | torch.device" = "auto",
+        precision: str | None = None,
+        device: "str | torch.device | None" = None,
         compile: "bool | dict" = False,
         grad_accum: int = 1,
         grad_clip_norm: float | None = None,
-        seed: int = 0,
+        seed: int | None = None,
         save_folder: str | None = None,
         save_interval: "str | Time | None" = None,
         load_path: str | None = None,
@@ -121,16 +124,29 @@ class Trainer:
         batch_fn: Callable = inputs_targets,
         count_tokens: Callable = _default_token_count,
         checkpoint_io: CheckpointIO | None = None,
-        host_allocator: str = "auto",
+        host_allocator: str | None = None,
+        runtime: Runtime | None = None,
     ):
-        if precision not in PRECISIONS:
-            raise ValueError(f"precision={precision!r}: use one of {PRECISIONS}")
         if not isinstance(grad_accum, int) or grad_accum < 1:
             raise ValueError(f"grad_accum must be a whole number >= 1, got {grad_accum!r}")
-        seed_everything(seed)
-        self.device = resolve_device(device)
-        precision = resolve_precision(precision, self.device)
-        self.host_allocator = configure_host_allocator(host_allocator, self.device.type)
+        asked = {k: v for k, v in (("device", device), ("precision", precision), ("seed", seed),
+                                   ("host_allocator", host_allocator)) if v is not None}
+        if runtime is None:
+            runtime = make_runtime(**{"device": "auto", "precision": "fp32", "seed": 0,
+                                      "host_allocator": "default", **asked})
+        elif asked:
+            raise ValueError(f"give runtime= or {', '.join(asked)}, not both: the runtime already "
+                             "holds them (hasten.make_runtime(...))")
+        seed_everything(runtime.seed)   # the training stream starts from the seed, whatever building the model drew
+        if not isinstance(model, torch.nn.Module):
+            if not callable(model):
+                raise TypeError(f"model must be a torch.nn.Module or a function returning one, got {type(model).__name__}")
+            model = model()
+            if not isinstance(model, torch.nn.Module):
+                raise TypeError(f"the model factory returned a {type(model).__name__}, not a torch.nn.Module")
+        self.runtime = runtime
+        self.device, precision, seed = runtime.device, runtime.precision, runtime.seed
+        self.host_allocator = runtime.allocator_report
         self._on_cpu = self.device.type == "cpu"   # CPU batches need no move
         self._fused_mean = False
         model = model.to(self.device)
@@ -163,7 +179,7 @@ class Trainer:
             model=model, max_duration=Time.parse(max_duration), device=self.device, precision=precision,
             loss_fn=loss_fn or default_loss, train_dataloader=train_dataloader,
             eval_dataloader=eval_dataloader, algorithms=algorithms, callbacks=callbacks,
-            seed=seed, grad_accum=grad_accum)
+            seed=seed, grad_accum=grad_accum, runtime=runtime)
         if self.state.max_duration.unit == TimeUnit.DURATION:
             raise ValueError("max_duration cannot be a fraction ('dur'); use ep, ba, sp, tok or s/m/h")
         self.logger = LogHub(loggers)
@@ -177,9 +193,8 @@ class Trainer:
         self.state.schedulers = self._build_schedulers(schedulers)
         if precision == "fp16-mixed":
             self.state.scaler = torch.amp.GradScaler(self.device.type)
-        self._autocast_dtype = {"bf16-mixed": torch.bfloat16, "fp16-mixed": torch.float16}.get(precision)
         self.state.forward_model = self._compile(model, compile)
-        self.state.batch_fn, self.state.autocast = batch_fn, self._autocast
+        self.state.batch_fn, self.state.autocast = batch_fn, runtime.autocast
 
         self._signal = threading.Event()   # SIGTERM or a first Ctrl-C: save at the end of this step, stop
         self._signal_name = None
@@ -227,11 +242,6 @@ class Trainer:
         kwargs = compile if isinstance(compile, dict) else {}
         return torch.compile(model, **kwargs)
 
-    def _autocast(self):
-        if self._autocast_dtype is None:
-            return _NO_AUTOCAST
-        return torch.autocast(self.device.type, dtype=self._autocast_dtype)
-
     # ------------------------------------------------------------------ adding and describing
     def add_callbacks(self, *callbacks) -> None:
         """Add callbacks after the Trainer is built (they observe from the next event on)."""
@@ -242,7 +252,7 @@ class Trainer:
         """Add algorithms after the Trainer is built, before fit. One that listens to INIT
         (model surgery) must be given to the constructor: INIT has already run."""
         for a in algorithms:
-            if INIT in a.events:
+            if INIT in a.listens_to():
                 raise ValueError(f"{a.name} changes the model at INIT, which has already run: "
                                  "pass it to Trainer(algorithms=...)")
         self.state.algorithms.extend(algorithms)
@@ -293,7 +303,7 @@ class Trainer:
         # the default loss with nobody reading per-sample losses: the mean inside the loss kernel
         self._fused_mean = (state.grad_accum == 1 and Event.AFTER_LOSS not in self.engine.active
                             and train_loss is default_loss)
-        self._autocast_ctx = self._autocast()   # one context for every step (fp32: a shared no-op)
+        self._autocast_ctx = self.runtime.autocast()   # one context for every step (fp32: a shared no-op)
         self._progress_schedules = [s for s in state.schedulers if hasattr(s, "apply")]
         self._batch_schedulers = [s for s in state.schedulers if not hasattr(s, "apply")]
         state.steps_per_epoch = len(loader) if hasattr(loader, "__len__") else None
@@ -561,7 +571,7 @@ class Trainer:
             state.batch = to_device(batch, self.device)
             run(EVAL_BATCH_START)
             inputs, targets = self.batch_fn(state.batch)
-            with self._autocast():
+            with self.runtime.autocast():
                 outputs = forward(state.forward_model, inputs)
                 state.outputs = outputs
                 if targets is not None:
@@ -601,7 +611,7 @@ class Trainer:
         for batch in dataloader:
             state.batch = to_device(batch, self.device)
             inputs, _ = self.batch_fn(state.batch) if isinstance(batch, (list, tuple, dict)) else (state.batch, None)
-            with self._autocast():
+            with self.runtime.autocast():
                 state.outputs = forward(state.forward_model, inputs)
             run(PREDICT_BATCH_END)
             outs.append(state.outputs.detach().cpu() if isinstance(state.outputs, torch.Tensor) else state.outputs)

@@ -14,9 +14,12 @@ The Newton-Schulz iteration's precision (`ns_dtype`): torch.optim.Muon always ru
 bf16, which is fast on GPUs and on CPUs with AVX512-BF16 or AMX, but emulated, and slow,
 on other CPUs: for the kernels of the CIFAR speedrun net, three iterations took 2.47 s a
 step in bf16 against 0.047 s in fp32 on a 2-core AVX2-only EPYC, a quarter of each training
-step (benchmarks/muon_ns_cost.py). `ns_dtype="auto"` (the default) picks bf16 on CUDA and on
-CPUs with bf16 hardware, fp32 elsewhere; the two give updates that differ by bf16 rounding
-(about 0.5% relative).
+step (benchmarks/muon_ns_cost.py). `ns_dtype="auto"` (the default) follows the run's
+precision: bf16 under `precision="bf16-mixed"` (which `precision: auto` picks on GPUs and on
+CPUs with bf16 hardware), fp32 otherwise, so a user who asks for fp32 gets fp32 everywhere;
+'bf16' or 'fp32' set it outright. The two give updates that differ by bf16 rounding (about
+0.5% relative). The Trainer built from a recipe passes the runtime's precision; called
+directly, these functions take `precision=` (default fp32).
 """
 from __future__ import annotations
 
@@ -24,8 +27,6 @@ import fnmatch
 import math
 
 import torch
-
-from ..utils import cpu_has_bf16
 
 NS_DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 DEFAULT_EXCLUDE = ("*wte*", "*wpe*", "*embed*", "*lm_head*", "*head*", "fc.*", "*.fc.weight")
@@ -45,12 +46,11 @@ def split_for_muon(model: torch.nn.Module, exclude: tuple[str, ...] = DEFAULT_EX
     return hidden, other
 
 
-def ns_dtype_for(setting: str, device: torch.device, flags: frozenset | None = None) -> torch.dtype:
-    """The dtype of the Newton-Schulz iteration: 'bf16', 'fp32', or 'auto' (bf16 on CUDA and
-    on CPUs with AVX512-BF16 or AMX, fp32 elsewhere, where bf16 matmuls are emulated)."""
+def ns_dtype_for(setting: str, precision: str = "fp32") -> torch.dtype:
+    """The dtype of the Newton-Schulz iteration: 'bf16', 'fp32', or 'auto' (bf16 when the run's
+    precision is bf16-mixed, fp32 otherwise)."""
     if setting == "auto":
-        fast_bf16 = device.type == "cuda" or (device.type == "cpu" and cpu_has_bf16(flags))
-        return torch.bfloat16 if fast_bf16 else torch.float32
+        return torch.bfloat16 if precision == "bf16-mixed" else torch.float32
     if setting not in NS_DTYPES:
         raise ValueError(f"ns_dtype must be 'auto', 'bf16' or 'fp32', got {setting!r}")
     return NS_DTYPES[setting]
@@ -104,14 +104,14 @@ class ConvMuon(torch.optim.Muon):
     step relative to the weights, for the whole run).
 
     `ns_dtype` sets the precision of the Newton-Schulz iteration ('auto', 'bf16', 'fp32'; see
-    the module docstring); with 'bf16' the update is torch.optim.Muon's."""
+    the module docstring; 'auto' follows `precision`); with 'bf16' the update is torch.optim.Muon's."""
 
     def __init__(self, params, lr: float = 1e-3, weight_decay: float = 0.1, momentum: float = 0.95,
                  nesterov: bool = True, ns_coefficients=(3.4445, -4.775, 2.0315), eps: float = 1e-7,
                  ns_steps: int = 5, adjust_lr_fn: str | None = None, normalize_weights: bool = False,
-                 ns_dtype: str = "auto"):
-        # reject an unknown setting or rule now rather than at the first step
-        ns_dtype_for(ns_dtype, torch.device("cpu"), frozenset())
+                 ns_dtype: str = "auto", precision: str = "fp32"):
+        # resolved now (an unknown setting or rule is refused here rather than at the first step)
+        ns_dtype = "bf16" if ns_dtype_for(ns_dtype, precision) == torch.bfloat16 else "fp32"
         _lr_ratio(adjust_lr_fn, 1, 1)
         defaults = dict(lr=lr, weight_decay=weight_decay, momentum=momentum, nesterov=nesterov,
                         ns_coefficients=ns_coefficients, eps=eps, ns_steps=ns_steps, adjust_lr_fn=adjust_lr_fn,
@@ -141,7 +141,7 @@ class ConvMuon(torch.optim.Muon):
                 buf.lerp_(g, 1 - mom)
                 update = g.lerp(buf, mom) if group["nesterov"] else buf
                 update = newton_schulz(update, group["ns_coefficients"], group["ns_steps"], group["eps"],
-                                       ns_dtype_for(group.get("ns_dtype", "auto"), p.device))
+                                       NS_DTYPES[group.get("ns_dtype", "fp32")])
                 p.mul_(1 - lr * wd)
                 p.add_(update, alpha=-lr * _lr_ratio(group["adjust_lr_fn"], *p.shape))
         return loss
@@ -165,16 +165,16 @@ class ConvMuon(torch.optim.Muon):
 
 def muon_for(params: list[torch.Tensor], lr: float = 0.02, momentum: float = 0.95, weight_decay: float = 0.0,
              adjust_lr_fn: str | None = None, ns_steps: int = 5, normalize_weights: bool = False,
-             nesterov: bool = True, ns_dtype: str = "auto") -> torch.optim.Optimizer:
+             nesterov: bool = True, ns_dtype: str = "auto", precision: str = "fp32") -> torch.optim.Optimizer:
     """torch.optim.Muon when every parameter is a matrix, no normalisation is asked and the
     iteration runs in bf16; ConvMuon otherwise."""
     kw = dict(lr=lr, momentum=momentum, weight_decay=weight_decay, adjust_lr_fn=adjust_lr_fn, ns_steps=ns_steps,
               nesterov=nesterov)
-    bf16 = all(ns_dtype_for(ns_dtype, p.device) == torch.bfloat16 for p in params)
+    bf16 = ns_dtype_for(ns_dtype, precision) == torch.bfloat16
     if all(p.ndim == 2 for p in params) and not normalize_weights and bf16:
         opt = torch.optim.Muon(params, **kw)
     else:
-        opt = ConvMuon(params, normalize_weights=normalize_weights, ns_dtype=ns_dtype, **kw)
+        opt = ConvMuon(params, normalize_weights=normalize_weights, ns_dtype=ns_dtype, precision=precision, **kw)
     opt.param_groups[0]["name"] = "muon"
     return opt
 
@@ -184,12 +184,12 @@ def muon_optimizers(model: torch.nn.Module, muon_lr: float = 0.02, muon_momentum
                     adam_weight_decay: float = 0.0, exclude: tuple[str, ...] = DEFAULT_EXCLUDE,
                     adjust_lr_fn: str | None = None, fused: bool | None = None,
                     ns_steps: int = 5, normalize_weights: bool = False,
-                    ns_dtype: str = "auto") -> list[torch.optim.Optimizer]:
+                    ns_dtype: str = "auto", precision: str = "fp32") -> list[torch.optim.Optimizer]:
     hidden, other = split_for_muon(model, exclude)
     opts = []
     if hidden:
         opts.append(muon_for([p for _, p in hidden], muon_lr, muon_momentum, muon_weight_decay, adjust_lr_fn,
-                             ns_steps, normalize_weights, ns_dtype=ns_dtype))
+                             ns_steps, normalize_weights, ns_dtype=ns_dtype, precision=precision))
     if other:
         dev = other[0][1].device.type
         opts.append(torch.optim.AdamW([p for _, p in other], lr=adam_lr, betas=tuple(adam_betas),

@@ -11,7 +11,7 @@ from ..data.text import (ByteTokenizer, CharTokenizer, EvalWindows, RandomWindow
 from ..errors import ConfigError, DataError
 from ..models.gpt import GPT, GPTConfig
 from ..schema import from_dict, setting
-from .base import Built
+from .base import Built, TaskSpec
 
 
 @dataclass
@@ -61,7 +61,7 @@ def _tokens(d: DataConfig):
     return train, val, tok
 
 
-def build(recipe) -> Built:
+def build(recipe, runtime) -> Built:
     d: DataConfig = recipe.data
     train, val, tok = _tokens(d)
     if d.eval_tokens:
@@ -86,7 +86,11 @@ def build(recipe) -> Built:
     model = GPT(cfg)
     return Built(
         model=model,
-        train_dataloader=RandomWindows(train, d.block_size, d.batch_size, seed=recipe.trainer.seed),
+        train_dataloader=RandomWindows(train, d.block_size, d.batch_size, seed=runtime.seed),
         eval_dataloader=EvalWindows(val, eval_block, d.eval_batch_size),
         info={"params": model.num_params(), "vocab_size": cfg.vocab_size, "train_tokens": len(train),
               "val_tokens": len(val), "tokenizer": tok})
+
+
+SPEC = TaskSpec(name="char_lm", aliases=("lm",), description="language modelling with hasten's GPT (characters, bytes or token files)",
+                data_config=DataConfig, model_config=ModelConfig, parse_model=model_config, build=build)

@@ -19,8 +19,7 @@ from ..errors import ConfigError
 from ..models import MODELS
 from ..models.flops import training_flops_per_sample
 from ..schema import _suggest, setting, signature_config
-from ..utils import resolve_device
-from .base import Built
+from .base import Built, NamedModel, TaskSpec
 
 
 @dataclass
@@ -61,14 +60,18 @@ class DataConfig:
     """Drop the last, incomplete training batch of each epoch."""
 
 
-def model_config(raw: dict) -> dict:
+def model_config(raw: dict) -> NamedModel:
     raw = dict(raw or {})
     name = raw.pop("name", None)
     if name not in MODELS:
         raise ConfigError(f"model.name: {name!r} is not a known model; choose one of {sorted(MODELS)}."
                           + (_suggest(str(name), MODELS) if name else ""))
     ctor = MODELS[name]
-    return {"name": name, **signature_config(ctor.__init__ if isinstance(ctor, type) else ctor, raw, "model")}
+    return NamedModel(name, signature_config(ctor.__init__ if isinstance(ctor, type) else ctor, raw, "model"))
+
+
+def _model(m: NamedModel) -> torch.nn.Module:
+    return MODELS[m.name](**m.args)
 
 
 def _accuracy(classes: int):
@@ -88,7 +91,7 @@ def _device_loaders(d: DataConfig, data, seed: int, device):
     return train, test
 
 
-def _build_imagefolder(recipe) -> Built:
+def _build_imagefolder(recipe, runtime) -> Built:
     from ..data.imagefolder import ImageFolder, RandomResizedCrop, ResizeCenterCrop
     d: DataConfig = recipe.data
     if d.loader != "dataloader":
@@ -97,9 +100,8 @@ def _build_imagefolder(recipe) -> Built:
         raise ConfigError("data.dataset=imagefolder needs data.path=<root with train/ and val/ class folders>")
     train_set = ImageFolder(d.path, d.train_split)
     eval_set = ImageFolder(d.path, d.eval_split, classes=train_set.classes)
-    params = dict(recipe.model)
-    model = MODELS[params.pop("name")](**params)
-    seed = recipe.trainer.seed
+    model = _model(recipe.model)
+    seed = runtime.seed
     train = make_dataloader(train_set, d.batch_size, shuffle=True, seed=seed, transform=RandomResizedCrop(d.image_size, flip=d.flip),
                             num_workers=d.num_workers, drop_last=d.drop_last)
     test = make_dataloader(eval_set, d.eval_batch_size, shuffle=False, seed=seed,
@@ -113,16 +115,15 @@ def _build_imagefolder(recipe) -> Built:
                        "params": sum(p.numel() for p in model.parameters())})
 
 
-def build(recipe) -> Built:
+def build(recipe, runtime) -> Built:
     d: DataConfig = recipe.data
     if d.dataset == "imagefolder":
-        return _build_imagefolder(recipe)
+        return _build_imagefolder(recipe, runtime)
     data = load_cifar10(d.path)
-    params = dict(recipe.model)
-    model = MODELS[params.pop("name")](**params)
-    seed = recipe.trainer.seed
+    model = _model(recipe.model)
+    seed = runtime.seed
     if d.loader == "device":
-        train, test = _device_loaders(d, data, seed, resolve_device(recipe.trainer.device))
+        train, test = _device_loaders(d, data, seed, runtime.device)
     else:
         if d.alternate_flip or d.cutout or d.channels_last:
             raise ConfigError("data.alternate_flip, data.cutout and data.channels_last need data.loader=device")
@@ -137,3 +138,7 @@ def build(recipe) -> Built:
                  flops_per_sample=flops,
                  info={"train_images": len(data.train_x), "test_images": len(data.test_x),
                        "params": sum(p.numel() for p in model.parameters())})
+
+
+SPEC = TaskSpec(name="image_classification", description="CIFAR-10 or an image folder, with the reference conv nets",
+                data_config=DataConfig, model_config=NamedModel, parse_model=model_config, build=build)

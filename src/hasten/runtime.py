@@ -1,0 +1,97 @@
+"""The runtime: device, precision, seed, threads and the host allocator, resolved once.
+
+Everything that depends on where and how a run computes reads one `Runtime`: the task (the
+device loader's device), the optimizers (Muon's Newton-Schulz precision follows the run's),
+the algorithms (through `state.runtime`) and the Trainer. `hasten train` and `hasten bench`
+create it first, before the model is built; a Python user does the same with one call::
+
+    rt = hasten.make_runtime(device="auto", precision="auto", seed=0)   # seeds, threads, allocator
+    model = MyNet()                                                     # initialised under rt.seed
+    Trainer(model, loader, runtime=rt, ...)
+
+or passes a model factory (`Trainer(lambda: MyNet(), ..., seed=0)`), which the Trainer calls
+after resolving its runtime. What seeds what:
+
+- `make_runtime` seeds Python's, NumPy's and torch's generators with `seed`, so a model built
+  after it is initialised the same way every time;
+- the Trainer seeds them again with the same seed when it is constructed, so the training
+  stream (dropout, a loader without its own seed) does not depend on how much randomness
+  building the model took;
+- hasten's loaders and data methods derive their own generators from (seed, epoch, batch or
+  sample), so data order and augmentation do not depend on either.
+
+Distributed training will add the world (rank, world size, process group) here.
+"""
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+
+import torch
+
+from .allocator import MODES as ALLOCATOR_MODES
+from .allocator import AllocatorReport, configure_host_allocator
+from .utils import resolve_device, resolve_precision, seed_everything
+
+PRECISIONS = ("fp32", "bf16-mixed", "fp16-mixed", "auto")   # auto: the fastest the hardware runs natively
+_AUTOCAST_DTYPES = {"bf16-mixed": torch.bfloat16, "fp16-mixed": torch.float16}
+_NO_AUTOCAST = contextlib.nullcontext()   # reusable: fp32 steps enter no real context
+
+
+@dataclass(frozen=True)
+class Runtime:
+    """Where and how a run computes, resolved: no 'auto' is left in it."""
+    device: torch.device
+    precision: str                      # fp32 | bf16-mixed | fp16-mixed
+    seed: int
+    threads: int                        # torch's intra-op threads, as set
+    host_allocator: str                 # the mode asked for: auto | tuned | default
+    allocator_report: AllocatorReport | None = None   # what tuning did (None: not asked)
+    asked_precision: str = "fp32"       # before resolution ('auto' stays visible in reports)
+
+    @property
+    def autocast_dtype(self) -> torch.dtype | None:
+        return _AUTOCAST_DTYPES.get(self.precision)
+
+    @property
+    def matmul_dtype(self) -> torch.dtype:
+        """The dtype the run's matrix products use: bf16 under bf16-mixed, fp32 otherwise
+        (Muon's Newton-Schulz iteration follows it unless its ns_dtype is set)."""
+        return torch.bfloat16 if self.precision == "bf16-mixed" else torch.float32
+
+    def autocast(self):
+        """The autocast context of a forward pass (a shared no-op context in fp32)."""
+        dtype = self.autocast_dtype
+        return _NO_AUTOCAST if dtype is None else torch.autocast(self.device.type, dtype=dtype)
+
+    def describe(self) -> str:
+        chosen = ", chosen by precision=auto" if self.asked_precision == "auto" else ""
+        return (f"device {self.device}, precision {self.precision}{chosen}, seed {self.seed}, "
+                f"{self.threads} threads, host allocator {self.host_allocator}")
+
+
+def make_runtime(device: "str | torch.device" = "auto", precision: str = "fp32", seed: int = 0,
+                 threads: int | None = None, host_allocator: str = "default") -> Runtime:
+    """Resolve the runtime and apply its process-wide settings, in this order: the thread
+    count (`torch.set_num_threads`, when given), the host allocator, the seeds.
+
+    host_allocator: 'default' (the default for library users) leaves glibc malloc alone;
+    'auto' tunes it when training on the CPU (`hasten train` and `hasten bench` ask for
+    this: it is their measured gain), 'tuned' whatever the device. See hasten.allocator.
+    """
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision={precision!r}: use one of {PRECISIONS}")
+    if host_allocator not in ALLOCATOR_MODES:
+        raise ValueError(f"host_allocator={host_allocator!r}: use one of {ALLOCATOR_MODES}")
+    if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
+        raise ValueError(f"seed must be a whole number >= 0, got {seed!r}")
+    if threads is not None:
+        if not isinstance(threads, int) or threads < 1:
+            raise ValueError(f"threads must be a whole number >= 1, got {threads!r}")
+        torch.set_num_threads(threads)
+    dev = resolve_device(device)
+    report = configure_host_allocator(host_allocator, dev.type)
+    seed_everything(seed)
+    return Runtime(device=dev, precision=resolve_precision(precision, dev), seed=seed,
+                   threads=torch.get_num_threads(), host_allocator=host_allocator, allocator_report=report,
+                   asked_precision=precision)

@@ -1,0 +1,81 @@
+"""The runtime: resolved once, before the model; read by the task, the optimizers and the Trainer."""
+import pytest
+import torch
+import torch.nn as nn
+
+from hasten import Trainer, make_runtime
+from hasten.runtime import Runtime
+
+from tiny import loader, mlp
+
+
+def test_make_runtime_resolves_everything_and_seeds_the_model_built_after_it():
+    rt = make_runtime(device="cpu", precision="auto", seed=7)
+    assert isinstance(rt, Runtime) and rt.device == torch.device("cpu")
+    assert rt.precision in ("fp32", "bf16-mixed") and rt.asked_precision == "auto"
+    a = nn.Linear(4, 4).weight.detach().clone()
+    make_runtime(device="cpu", seed=7)
+    b = nn.Linear(4, 4).weight.detach().clone()
+    assert torch.equal(a, b)
+    for bad, match in ((dict(precision="fp8"), "precision"), (dict(seed=-1), "seed"),
+                       (dict(threads=0), "threads"), (dict(host_allocator="fast"), "host_allocator"),
+                       (dict(device="tpu"), "device")):
+        with pytest.raises(ValueError, match=match):
+            make_runtime(**bad)
+
+
+def test_a_model_factory_is_built_under_the_seed_and_equals_a_model_built_after_make_runtime():
+    t1 = Trainer(lambda: mlp(), loader(), max_duration="1ba", seed=3, device="cpu")
+    make_runtime(device="cpu", seed=3)
+    direct = mlp()
+    for p, q in zip(t1.state.model.parameters(), direct.parameters()):
+        assert torch.equal(p, q)
+
+
+def test_runtime_and_its_parts_are_not_both_given():
+    rt = make_runtime(device="cpu")
+    with pytest.raises(ValueError, match="runtime= or precision"):
+        Trainer(mlp(), loader(), runtime=rt, precision="fp32")
+    tr = Trainer(mlp(), loader(), runtime=rt, max_duration="1ba")
+    assert tr.state.runtime is rt and tr.device == rt.device and tr.state.precision == rt.precision
+    with pytest.raises(TypeError, match="torch.nn.Module"):
+        Trainer(lambda: 3, loader(), runtime=rt)
+
+
+def test_the_training_stream_does_not_depend_on_randomness_drawn_while_building():
+    """The Trainer reseeds at construction: dropout masks match whatever the model's
+    construction drew."""
+    def run(extra_draws):
+        rt = make_runtime(device="cpu", seed=5)
+        torch.rand(extra_draws)   # e.g. a model whose construction draws more
+        torch.manual_seed(0)
+        model = mlp(dropout=0.5)
+        tr = Trainer(model, loader(n=16, batch_size=8), runtime=rt, max_duration="2ba",
+                     optimizers=lambda m: torch.optim.SGD(m.parameters(), lr=0.1))
+        tr.fit()
+        return [p.detach().clone() for p in model.parameters()]
+    for p, q in zip(run(0), run(1000)):
+        assert torch.equal(p, q)
+
+
+def test_fp32_runtime_gives_muon_an_fp32_iteration_and_bf16_a_bf16_one():
+    from hasten.build import build_optimizer
+    from hasten.config import OptimizerConfig
+    from hasten.models.gpt import GPT, GPTConfig
+    from hasten.optim import ConvMuon
+    cfg = OptimizerConfig(name="muon", muon_others="adamw")
+    model = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=16, vocab_size=11, block_size=8))
+    fp32 = build_optimizer(cfg, model, Runtime(torch.device("cpu"), "fp32", 0, 1, "default"))[0]
+    bf16 = build_optimizer(cfg, model, Runtime(torch.device("cpu"), "bf16-mixed", 0, 1, "default"))[0]
+    assert isinstance(fp32, ConvMuon) and fp32.param_groups[0]["ns_dtype"] == "fp32"
+    assert type(bf16) is torch.optim.Muon   # torch's own, whose iteration is bf16
+    cfg.muon_ns_dtype = "bf16"   # set outright, it wins
+    assert type(build_optimizer(cfg, model, Runtime(torch.device("cpu"), "fp32", 0, 1, "default"))[0]) is torch.optim.Muon
+
+
+def test_the_task_reads_the_runtime_device():
+    from hasten.config import load_recipe
+    from hasten.tasks import TASKS
+    recipe = load_recipe("shakespeare-char-baseline", ["trainer.device=cpu", "data.eval_tokens=200"])
+    built = TASKS[recipe.task].build(recipe, make_runtime(device="cpu", seed=recipe.trainer.seed))
+    assert built.train_dataloader.seed == recipe.trainer.seed
