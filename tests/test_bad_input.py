@@ -37,7 +37,7 @@ def _one_line_error(capsys, code, expected_code, *needles):
     ("data.batch_size=0", ["data.batch_size", ">= 1"]),
     ("trainer.device=gpu", ["trainer.device", "not a device"]),
     ("model.dropout=1.5", ["model.dropout", "< 1"]),
-    ("optimizer.betas=[0.9,1.5]", ["optimizer.betas"]),
+    ("optimizer.adam.betas=[0.9,1.5]", ["optimizer.adam.betas"]),
     ("trainer.eval_interval=ten", ["trainer.eval_interval", "cannot read"]),
     ("algorithms.ema.decay=2", ["algorithms.ema", "decay"]),
 ])

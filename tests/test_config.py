@@ -17,14 +17,14 @@ def test_baseline_recipe_states_the_nanogpt_configuration():
     m, d, o, s, t = r.model, r.data, r.optimizer, r.schedule, r.trainer
     assert (m.n_layer, m.n_head, m.n_embd, d.block_size, d.batch_size) == (4, 4, 128, 64, 12)
     assert (m.bias, m.tie_embeddings, m.dropout) == (False, True, 0.0)
-    assert (o.name, o.lr, o.betas, o.weight_decay) == ("adamw", 1e-3, [0.9, 0.99], 0.1)
+    assert (o.name, o.lr, o.adam.betas, o.weight_decay) == ("adamw", 1e-3, [0.9, 0.99], 0.1)
     assert (s.name, s.warmup, s.min_factor) == ("cosine", "100ba", 0.1)
     assert (t.max_duration, t.eval_interval, t.grad_clip_norm) == ("2000ba", "250ba", 1.0)
 
 
 def test_cifar_baseline_hyperparameters():
     r = load_recipe("cifar10-baseline")
-    assert r.optimizer.name == "sgd" and r.optimizer.nesterov and r.optimizer.lr == 0.2
+    assert r.optimizer.name == "sgd" and r.optimizer.sgd.nesterov and r.optimizer.lr == 0.2
     assert r.data.batch_size == 512 and r.trainer.max_duration == "30ep" and r.schedule.warmup == "2ep"
 
 
@@ -67,7 +67,7 @@ def test_recipe_file_with_base(tmp_path):
     f = tmp_path / "mine.yaml"
     f.write_text("base: shakespeare-char-baseline\ndescription: mine\noptimizer:\n  lr: 0.002\n")
     r = load_recipe(str(f))
-    assert r.name == "mine" and r.optimizer.lr == 0.002 and r.optimizer.betas == [0.9, 0.99]
+    assert r.name == "mine" and r.optimizer.lr == 0.002 and r.optimizer.adam.betas == [0.9, 0.99]
 
 
 def test_parse_override_values():
@@ -93,3 +93,46 @@ def test_every_field_has_a_docstring_and_the_generated_reference_is_current():
     doc = Path(__file__).parent.parent / "docs" / "configuration-reference.md"
     assert doc.read_text() == reference(), \
         "docs/configuration-reference.md is stale: run python -m hasten.config > docs/configuration-reference.md"
+
+
+def test_optimizer_keys_nest_per_family_and_a_foreign_sub_section_is_an_error():
+    from hasten.config import load_recipe, to_dict
+    r = load_recipe("cifar10-fast", ["optimizer.muon.lr=0.3", "optimizer.sgd.momentum=0.8"])
+    assert (r.optimizer.muon.lr, r.optimizer.sgd.momentum, r.optimizer.muon.others) == (0.3, 0.8, "sgd")
+    assert "adam" not in to_dict(r)["optimizer"]            # the sub-section it does not read is left out
+    # a key for an optimizer the recipe does not use is refused, naming the key and the fix
+    for bad in ("optimizer.adam.betas=[0.9,0.95]", "optimizer.muon.lr=0.1"):
+        base = "cifar10-fast" if "adam" in bad else "cifar10-baseline"
+        with pytest.raises(ConfigError, match=r"optimizer\.(adam|muon)\.(betas|lr): .*applies to .*=null"):
+            load_recipe(base, [bad])
+    # switching optimizers from the command line: drop the sub-section it no longer reads
+    r = load_recipe("cifar10-baseline", ["optimizer.name=adamw", "optimizer.sgd=null", "optimizer.adam.eps=1e-6"])
+    assert r.optimizer.name == "adamw" and r.optimizer.adam.eps == 1e-6
+
+
+def test_flat_optimizer_keys_of_hasten_0_1_still_work_with_a_warning_naming_the_new_key():
+    from hasten.config import load_recipe
+    with pytest.warns(FutureWarning, match=r"optimizer\.muon_lr is deprecated, use optimizer\.muon\.lr"):
+        r = load_recipe("shakespeare-char-fast", ["optimizer.muon_lr=0.07"])
+    assert r.optimizer.muon.lr == 0.07
+    with pytest.warns(FutureWarning):   # the later override wins, as overrides do
+        assert load_recipe("shakespeare-char-fast", ["optimizer.muon_lr=0.07",
+                                                     "optimizer.muon.lr=0.08"]).optimizer.muon.lr == 0.08
+    with pytest.raises(ConfigError, match="same setting"):   # one file giving both
+        from hasten.config import validate
+        validate({"task": "char_lm", "optimizer": {"name": "muon", "muon_lr": 0.1, "muon": {"lr": 0.2}}})
+
+
+def test_a_run_folder_recipe_written_by_0_1_resumes_without_a_warning(tmp_path):
+    """schema_version 1 listed every flat key, defaults of unused optimizers included."""
+    import warnings
+
+    from hasten.config import load_recipe
+    old = tmp_path / "recipe.yaml"
+    old.write_text("schema_version: 1\ntask: char_lm\nname: old\nmodel: {n_layer: 1, n_head: 2, n_embd: 16}\n"
+                   "optimizer: {name: adamw, lr: 0.001, momentum: 0.9, nesterov: false, betas: [0.9, 0.99], "
+                   "eps: 1.0e-8, per_example: false, muon_lr: 0.02, muon_others: adamw, muon_ns_dtype: auto}\n")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        r = load_recipe(str(old))
+    assert r.optimizer.adam.betas == [0.9, 0.99] and r.optimizer.name == "adamw"

@@ -163,9 +163,10 @@ def test_muon_with_sgd_for_the_rest_keeps_the_group_rules():
     m = SpeedrunNet(widths=(8, 16, 16), head_std=1.0)
     m.whiten.weight.requires_grad_(False)                 # as patch whitening leaves it
     freeze_bn_scale(m, 1.0, bias_lr_mult=4.0)
-    cfg = OptimizerConfig(name="muon", muon_others="sgd", lr=2.0, momentum=0.85, nesterov=True, weight_decay=1e-3,
+    from hasten.config import MuonSettings, SGDSettings
+    cfg = OptimizerConfig(name="muon", lr=2.0, sgd=SGDSettings(momentum=0.85, nesterov=True), weight_decay=1e-3,
                           decay_min_dim=1, decay_ignores_lr_mult=True, lr_multipliers={"head.*": 8.0},
-                          muon_lr=0.24, muon_momentum=0.6, muon_ns_steps=3, muon_normalize=True)
+                          muon=MuonSettings(others="sgd", lr=0.24, momentum=0.6, ns_steps=3, normalize=True))
     muon, sgd = build_optimizer(cfg, m, make_runtime(device="cpu"))
     assert isinstance(muon, ConvMuon) and muon.param_groups[0]["normalize_weights"]
     kernels = {id(p) for n, p in m.named_parameters() if p.ndim == 4 and p.requires_grad}

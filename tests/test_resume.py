@@ -27,7 +27,8 @@ def test_resume_keeps_the_stored_recipe_and_records_allowed_changes(tmp_path, ca
     run = tmp_path / "run"
     assert main(["train", *RUN, "trainer.max_duration=8ba", f"trainer.run_dir={run}"]) == 0
     stored = (run / "recipe.yaml").read_bytes()
-    assert yaml.safe_load(stored)["schema_version"] == 1
+    from hasten.config import RECIPE_SCHEMA_VERSION
+    assert yaml.safe_load(stored)["schema_version"] == RECIPE_SCHEMA_VERSION == 2
     assert main(["train", "--resume", str(run), "trainer.max_duration=12ba", "--no-progress"]) == 0
     out = capsys.readouterr().out
     assert "resuming at batch 8" in out and "ep0-ba12.pt" in out

@@ -63,13 +63,13 @@ def test_fp32_runtime_gives_muon_an_fp32_iteration_and_bf16_a_bf16_one():
     from hasten.config import OptimizerConfig
     from hasten.models.gpt import GPT, GPTConfig
     from hasten.optim import ConvMuon
-    cfg = OptimizerConfig(name="muon", muon_others="adamw")
+    cfg = OptimizerConfig(name="muon")
     model = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=16, vocab_size=11, block_size=8))
     fp32 = build_optimizer(cfg, model, Runtime(torch.device("cpu"), "fp32", 0, 1, "default"))[0]
     bf16 = build_optimizer(cfg, model, Runtime(torch.device("cpu"), "bf16-mixed", 0, 1, "default"))[0]
     assert isinstance(fp32, ConvMuon) and fp32.param_groups[0]["ns_dtype"] == "fp32"
     assert type(bf16) is torch.optim.Muon   # torch's own, whose iteration is bf16
-    cfg.muon_ns_dtype = "bf16"   # set outright, it wins
+    cfg.muon.ns_dtype = "bf16"   # set outright, it wins
     assert type(build_optimizer(cfg, model, Runtime(torch.device("cpu"), "fp32", 0, 1, "default"))[0]) is torch.optim.Muon
 
 

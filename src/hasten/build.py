@@ -26,43 +26,43 @@ from .trainer import Trainer
 
 def build_optimizer(cfg: OptimizerConfig, model: torch.nn.Module, runtime: Runtime, batch_size: int | None = None):
     """The recipe's optimizer(s) for `model`; Muon's Newton-Schulz precision follows the runtime's."""
-    if cfg.per_example and cfg.name != "sgdw":
-        raise ValueError(f"optimizer.per_example applies to sgdw only, not {cfg.name!r}")
+    sgd, adam, mu = cfg.sgd, cfg.adam, cfg.muon
+    if sgd.per_example and cfg.name != "sgdw":
+        raise ValueError(f"optimizer.sgd.per_example applies to sgdw only, not {cfg.name!r}")
     fused = cfg.fused if cfg.fused is not None else runtime.device.type in ("cpu", "cuda")
-    if cfg.name == "muon" and cfg.muon_others == "adamw":
-        return muon_optimizers(model, muon_lr=cfg.muon_lr, muon_momentum=cfg.muon_momentum,
-                               muon_weight_decay=cfg.muon_weight_decay, adam_lr=cfg.lr, adam_betas=cfg.betas,
-                               adam_weight_decay=cfg.weight_decay, adjust_lr_fn=cfg.muon_adjust_lr, fused=cfg.fused,
-                               ns_steps=cfg.muon_ns_steps, normalize_weights=cfg.muon_normalize,
-                               ns_dtype=cfg.muon_ns_dtype, precision=runtime.precision)
+    if cfg.name == "muon" and mu.others == "adamw":
+        return muon_optimizers(model, muon_lr=mu.lr, muon_momentum=mu.momentum,
+                               muon_weight_decay=mu.weight_decay, adam_lr=cfg.lr, adam_betas=adam.betas,
+                               adam_weight_decay=cfg.weight_decay, adjust_lr_fn=mu.adjust_lr, fused=cfg.fused,
+                               ns_steps=mu.ns_steps, normalize_weights=mu.normalize,
+                               ns_dtype=mu.ns_dtype, precision=runtime.precision)
     if cfg.name == "muon":   # Muon for the hidden matrices and kernels, SGD with the group rules for the rest
         hidden, other = split_for_muon(model)
-        opts = [muon_for([p for _, p in hidden], cfg.muon_lr, cfg.muon_momentum, cfg.muon_weight_decay,
-                         cfg.muon_adjust_lr, cfg.muon_ns_steps, cfg.muon_normalize,
-                         ns_dtype=cfg.muon_ns_dtype, precision=runtime.precision)] if hidden else []
+        opts = [muon_for([p for _, p in hidden], mu.lr, mu.momentum, mu.weight_decay, mu.adjust_lr, mu.ns_steps,
+                         mu.normalize, ns_dtype=mu.ns_dtype, precision=runtime.precision)] if hidden else []
         if other:
             groups = param_groups(other, cfg.weight_decay, cfg.decay_min_dim, tuple(cfg.no_decay), cfg.lr_multipliers,
                                   cfg.decay_ignores_lr_mult)
-            opts.append(apply_lr_multipliers(torch.optim.SGD(groups, lr=cfg.lr, momentum=cfg.momentum,
-                                                             nesterov=cfg.nesterov, fused=fused)))
+            opts.append(apply_lr_multipliers(torch.optim.SGD(groups, lr=cfg.lr, momentum=sgd.momentum,
+                                                             nesterov=sgd.nesterov, fused=fused)))
         return opts
     groups = param_groups(model, cfg.weight_decay, cfg.decay_min_dim, tuple(cfg.no_decay), cfg.lr_multipliers,
                           cfg.decay_ignores_lr_mult)
     if cfg.name == "sgd":
-        opt = torch.optim.SGD(groups, lr=cfg.lr, momentum=cfg.momentum, nesterov=cfg.nesterov, fused=fused)
+        opt = torch.optim.SGD(groups, lr=cfg.lr, momentum=sgd.momentum, nesterov=sgd.nesterov, fused=fused)
     elif cfg.name == "sgdw":
         lr, wd = cfg.lr, cfg.weight_decay
-        if cfg.per_example:
+        if sgd.per_example:
             if not batch_size:
-                raise ValueError("optimizer.per_example needs the batch size (data.batch_size)")
-            h = decoupled_hparams(cfg.lr, cfg.weight_decay, cfg.momentum, batch_size)
+                raise ValueError("optimizer.sgd.per_example needs the batch size (data.batch_size)")
+            h = decoupled_hparams(cfg.lr, cfg.weight_decay, sgd.momentum, batch_size)
             lr, wd = h["lr"], h["weight_decay"]
             for g in groups:
                 g["weight_decay"] = wd if g["weight_decay"] else 0.0
-        opt = SGDW(groups, lr=lr, momentum=cfg.momentum, nesterov=cfg.nesterov)
+        opt = SGDW(groups, lr=lr, momentum=sgd.momentum, nesterov=sgd.nesterov)
     else:
         cls = torch.optim.AdamW if cfg.name == "adamw" else torch.optim.Adam
-        opt = cls(groups, lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps, fused=fused)
+        opt = cls(groups, lr=cfg.lr, betas=tuple(adam.betas), eps=adam.eps, fused=fused)
     return apply_lr_multipliers(opt)
 
 

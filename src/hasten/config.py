@@ -9,6 +9,7 @@ allowed, and suggests the closest match.
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -25,7 +26,7 @@ from .schema import (_NUMBER, _suggest, check_time, coerce, device_string, fract
                      from_dict, setting, signature_config)
 from .tasks import TASKS   # the registry of tasks: their model and data configs and builders
 
-RECIPE_SCHEMA_VERSION = 1   # recipe.yaml files in run folders record it; raise it when keys are renamed
+RECIPE_SCHEMA_VERSION = 2   # recipe.yaml files in run folders record it; raised when keys are renamed (2: nested optimizer keys)
 
 
 # ------------------------------------------------------------------------------ sections
@@ -73,20 +74,56 @@ class TrainerConfig:
 
 
 @dataclass
+class SGDSettings:
+    """`optimizer.sgd`: SGD's settings, for name sgd or sgdw, and for muon with muon.others=sgd."""
+    momentum: float = setting(0.9, ge=0, lt=1)
+    """Momentum."""
+    nesterov: bool = False
+    """Nesterov momentum."""
+    per_example: bool = False
+    """sgdw only: lr and weight_decay stated per example, momentum's gain included."""
+
+
+@dataclass
+class AdamSettings:
+    """`optimizer.adam`: Adam's settings, for name adam or adamw, and for muon with muon.others=adamw."""
+    betas: list[float] = setting(default_factory=lambda: [0.9, 0.999], check=fractions_below_one)
+    """The moment decay rates, each in [0, 1)."""
+    eps: float = setting(1e-8, gt=0)
+    """Added to the denominator."""
+
+
+@dataclass
+class MuonSettings:
+    """`optimizer.muon`: Muon's settings (name muon): Muon for the hidden matrices and conv kernels,
+    `others` for the rest, with the section's common lr and weight_decay."""
+    lr: float = setting(0.02, ge=0)
+    """Muon's learning rate."""
+    momentum: float = setting(0.95, ge=0, lt=1)
+    """Muon's momentum."""
+    weight_decay: float = setting(0.0, ge=0)
+    """Muon's weight decay."""
+    ns_steps: int = setting(5, ge=1)
+    """Newton-Schulz iterations per update."""
+    adjust_lr: Optional[str] = None
+    """torch.optim.Muon adjust_lr_fn: null/'original' or 'match_rms_adamw'."""
+    normalize: bool = False
+    """Rescale each Muon parameter to norm sqrt(rows) before its update."""
+    ns_dtype: Literal["auto", "bf16", "fp32"] = "auto"
+    """Newton-Schulz precision; auto: follows trainer.precision (bf16 under bf16-mixed, fp32 otherwise)."""
+    others: Literal["adamw", "sgd"] = "adamw"
+    """The optimizer of the rest: adamw (optimizer.adam, one group) or sgd (optimizer.sgd, the group rules)."""
+
+
+@dataclass
 class OptimizerConfig:
-    """The `optimizer` section."""
+    """The `optimizer` section: the keys every optimizer shares, and one sub-section per
+    optimizer family (`sgd`, `adam`, `muon`); a sub-section the chosen optimizer does not use
+    is an error."""
     name: Literal["sgd", "sgdw", "adamw", "adam", "muon"] = "adamw"
-    """muon: Muon for hidden matrices and conv kernels, muon_others for the rest; sgdw: SGD with decoupled weight decay."""
+    """muon: Muon for hidden matrices and conv kernels, muon.others for the rest; sgdw: SGD with decoupled weight decay."""
     lr: float = setting(1e-3, ge=0)
     """Learning rate (of the non-Muon parameters with name=muon)."""
-    momentum: float = setting(0.9, ge=0, lt=1)
-    """SGD momentum (sgd, sgdw, and muon_others=sgd)."""
-    nesterov: bool = False
-    """Nesterov momentum for SGD."""
-    betas: list[float] = setting(default_factory=lambda: [0.9, 0.999], check=fractions_below_one)
-    """Adam's betas, each in [0, 1)."""
-    eps: float = setting(1e-8, gt=0)
-    """Adam's epsilon."""
     weight_decay: float = setting(0.0, ge=0)
     """Weight decay (decoupled for adamw and sgdw)."""
     decay_min_dim: int = setting(2, ge=0)
@@ -97,26 +134,57 @@ class OptimizerConfig:
     """Name pattern -> multiple of lr for those parameters."""
     decay_ignores_lr_mult: bool = False
     """true: a group at m x lr gets weight_decay / m (the same decay per step)."""
-    per_example: bool = False
-    """sgdw: lr and weight_decay stated per example, momentum's gain included."""
     fused: Optional[bool] = None
     """Use the fused optimizer kernels; default: where the device supports them."""
-    muon_lr: float = setting(0.02, ge=0)
-    """Muon's learning rate."""
-    muon_momentum: float = setting(0.95, ge=0, lt=1)
-    """Muon's momentum."""
-    muon_weight_decay: float = setting(0.0, ge=0)
-    """Muon's weight decay."""
-    muon_ns_steps: int = setting(5, ge=1)
-    """Newton-Schulz iterations per update."""
-    muon_adjust_lr: Optional[str] = None
-    """torch.optim.Muon adjust_lr_fn: null/'original' or 'match_rms_adamw'."""
-    muon_normalize: bool = False
-    """Rescale each Muon parameter to norm sqrt(rows) before its update."""
-    muon_ns_dtype: Literal["auto", "bf16", "fp32"] = "auto"
-    """Newton-Schulz precision; auto: follows trainer.precision (bf16 under bf16-mixed, fp32 otherwise)."""
-    muon_others: Literal["adamw", "sgd"] = "adamw"
-    """The optimizer of the rest: adamw (lr, betas, one group) or sgd (lr, momentum, nesterov, group rules)."""
+    sgd: SGDSettings = field(default_factory=SGDSettings)
+    """SGD's settings (optimizer.sgd.*)."""
+    adam: AdamSettings = field(default_factory=AdamSettings)
+    """Adam's settings (optimizer.adam.*)."""
+    muon: MuonSettings = field(default_factory=MuonSettings)
+    """Muon's settings (optimizer.muon.*)."""
+
+    def uses(self, family: str) -> bool:
+        """Whether the chosen optimizer reads the sub-section `family` (sgd, adam or muon)."""
+        if family == "muon":
+            return self.name == "muon"
+        if self.name == "muon":
+            return self.muon.others == {"adam": "adamw"}.get(family, family)
+        return self.name in {"sgd": ("sgd", "sgdw"), "adam": ("adam", "adamw")}[family]
+
+
+OPTIMIZER_FAMILIES = ("sgd", "adam", "muon")   # the optimizer's sub-sections
+
+# flat keys of hasten 0.1 -> their place now (optimizer.<old> -> optimizer.<family>.<new>)
+FLAT_OPTIMIZER_KEYS = {
+    "momentum": ("sgd", "momentum"), "nesterov": ("sgd", "nesterov"), "per_example": ("sgd", "per_example"),
+    "betas": ("adam", "betas"), "eps": ("adam", "eps"),
+    **{f"muon_{k}": ("muon", k) for k in ("lr", "momentum", "weight_decay", "ns_steps", "adjust_lr", "normalize",
+                                           "ns_dtype", "others")},
+}
+
+
+def nest_optimizer_keys(opt: dict, where: str, warn: bool = True) -> dict:
+    """Move hasten 0.1's flat optimizer keys (`optimizer.muon_lr`) to their sub-sections
+    (`optimizer.muon.lr`), warning with the new name unless `warn` is false (run folders
+    written by 0.1 are read silently). A key given both ways is an error."""
+    if not isinstance(opt, dict):
+        return opt
+    out = {k: (dict(v) if isinstance(v, dict) and k in ("sgd", "adam", "muon") else v) for k, v in opt.items()}
+    for old, (family, new) in FLAT_OPTIMIZER_KEYS.items():
+        if old not in out:
+            continue
+        value = out.pop(old)
+        section = out.setdefault(family, {})
+        if not isinstance(section, dict):
+            raise ConfigError(f"optimizer.{family} must be a section (key: value), got {section!r}")
+        if new in section:
+            raise ConfigError(f"recipe {where}: optimizer.{old} and optimizer.{family}.{new} are the same setting; "
+                              f"keep optimizer.{family}.{new}")
+        section[new] = value
+        if warn:
+            warnings.warn(f"recipe {where}: optimizer.{old} is deprecated, use optimizer.{family}.{new}",
+                          FutureWarning, stacklevel=2)
+    return out
 
 
 @dataclass
@@ -173,8 +241,9 @@ def apply_override(raw: dict, keys: list[str], value: Any) -> None:
         if not isinstance(nxt, dict):
             raise ConfigError(f"override {'.'.join(keys)}: {'.'.join(keys[:i + 1])} is not a section")
         node = nxt
-    if value is None and keys[0] == "algorithms" and len(keys) == 2:
-        node.pop(keys[-1], None)     # algorithms.NAME=null removes an algorithm
+    if value is None and len(keys) == 2 and (keys[0] == "algorithms" or
+                                             keys[0] == "optimizer" and keys[1] in OPTIMIZER_FAMILIES):
+        node.pop(keys[-1], None)     # algorithms.NAME=null removes an algorithm, optimizer.sgd=null a sub-section
     else:
         node[keys[-1]] = value
 
@@ -238,13 +307,21 @@ def _read_raw(name_or_path: str, seen: tuple = ()) -> tuple[dict, str]:
 
 
 def _migrate(raw: dict, where: str) -> dict:
-    """Bring a recipe written by an older hasten to the current keys (none renamed yet)."""
+    """Bring a recipe written by an older hasten to the current keys: version 1 (hasten 0.1)
+    had flat optimizer keys (`optimizer.muon_lr`), nested since version 2."""
+    stated = "schema_version" in raw
     version = raw.pop("schema_version", RECIPE_SCHEMA_VERSION)
     if not isinstance(version, int) or version < 1:
         raise ConfigError(f"recipe {where}: schema_version {version!r} must be a whole number >= 1")
     if version > RECIPE_SCHEMA_VERSION:
         raise ConfigError(f"recipe {where} was written by a newer hasten (schema_version {version}, this one reads "
                           f"up to {RECIPE_SCHEMA_VERSION}); upgrade hasten to read it")
+    if stated and version < 2 and isinstance(raw.get("optimizer"), dict):
+        # a 0.1 run folder's recipe lists every flat key, defaults included: keep the sub-sections its optimizer uses
+        opt = nest_optimizer_keys(raw["optimizer"], where, warn=False)
+        probe = OptimizerConfig(name=opt.get("name", "adamw"),
+                                muon=MuonSettings(others=(opt.get("muon") or {}).get("others", "adamw")))
+        raw["optimizer"] = {k: v for k, v in opt.items() if k not in OPTIMIZER_FAMILIES or probe.uses(k)}
     return raw
 
 
@@ -253,13 +330,33 @@ def load_recipe(name_or_path: str, overrides: list[str] = ()) -> Recipe:
     raw, name = _read_raw(name_or_path)
     for text in overrides:
         keys, value = parse_override(text)
+        if len(keys) == 2 and keys[0] == "optimizer" and keys[1] in FLAT_OPTIMIZER_KEYS:   # 0.1's flat key
+            family, new = FLAT_OPTIMIZER_KEYS[keys[1]]
+            warnings.warn(f"override {text}: optimizer.{keys[1]} is deprecated, use optimizer.{family}.{new}",
+                          FutureWarning, stacklevel=2)
+            keys = ["optimizer", family, new]
         apply_override(raw, keys, value)
     raw.setdefault("name", name)
     return validate(raw)
 
 
 def validate(raw: dict) -> Recipe:
+    where = raw.get("name", "recipe")
+    if isinstance(raw.get("optimizer"), dict):
+        raw = {**raw, "optimizer": nest_optimizer_keys(raw["optimizer"], where)}
     recipe = from_dict(Recipe, raw)
+    opt = recipe.optimizer
+    for family in OPTIMIZER_FAMILIES:
+        given = (raw.get("optimizer") or {}).get(family)
+        if given and not opt.uses(family):
+            users = {"sgd": "name sgd or sgdw, or muon with muon.others=sgd",
+                     "adam": "name adam or adamw, or muon with muon.others=adamw", "muon": "name muon"}[family]
+            chosen = opt.name + (f" with muon.others={opt.muon.others}" if opt.name == "muon" else "")
+            raise ConfigError(f"optimizer.{family}.{next(iter(given))}: optimizer.{family} applies to {users}, and "
+                              f"this recipe's optimizer is {chosen}; remove the sub-section (optimizer.{family}=null "
+                              "as an override) or change optimizer.name")
+    if opt.sgd.per_example and opt.name != "sgdw":
+        raise ConfigError(f"optimizer.sgd.per_example applies to sgdw only, not {opt.name!r}")
     if recipe.task not in TASKS:
         raise ConfigError(f"task: {recipe.task!r} is not a known task; choose one of {sorted(TASKS)}."
                           + _suggest(recipe.task, TASKS))
@@ -288,7 +385,8 @@ def reference() -> str:
              "Generated from the config classes (`python -m hasten.config > docs/configuration-reference.md`); "
              "a test checks that it is current. Ranges are checked when a recipe is loaded. "
              "See [configuration.md](configuration.md) for recipes and overrides.", ""]
-    sections = [("trainer", TrainerConfig), ("optimizer", OptimizerConfig), ("schedule", ScheduleConfig)]
+    sections = [("trainer", TrainerConfig), ("optimizer", OptimizerConfig), ("optimizer.sgd", SGDSettings),
+                ("optimizer.adam", AdamSettings), ("optimizer.muon", MuonSettings), ("schedule", ScheduleConfig)]
     for name, cls in sections:
         parts += [f"## {name}", "", (cls.__doc__ or "").strip(), "", reference_table(cls, name), ""]
     from .tasks import SPECS, NamedModel
@@ -316,7 +414,8 @@ def make_algorithm(name: str, params: dict):
 
 
 def to_dict(recipe: Recipe) -> dict:
-    """A plain, YAML-able dict of a validated recipe (for run folders and reports)."""
+    """A plain, YAML-able dict of a validated recipe (for run folders and reports); the
+    optimizer's sub-sections that its optimizer does not use are left out."""
     def plain(v):
         if hasattr(v, "as_recipe"):   # a config whose YAML form is not its fields (tasks.NamedModel)
             return plain(v.as_recipe())
@@ -327,7 +426,11 @@ def to_dict(recipe: Recipe) -> dict:
         if isinstance(v, (list, tuple)):
             return [plain(x) for x in v]
         return v
-    return plain(recipe)
+    out = plain(recipe)
+    if isinstance(recipe.optimizer, OptimizerConfig):
+        out["optimizer"] = {k: v for k, v in out["optimizer"].items()
+                            if k not in OPTIMIZER_FAMILIES or recipe.optimizer.uses(k)}
+    return out
 
 
 if __name__ == "__main__":

@@ -265,6 +265,8 @@ def reference_table(cls, section: str) -> str:
     rows = ["| key | type | default | allowed | description |", "|---|---|---|---|---|"]
     for f in dataclasses.fields(cls):
         tp = hints[f.name]
+        if dataclasses.is_dataclass(tp):   # a sub-section: its own table
+            continue
         kind = "choice" if typing.get_origin(tp) is Literal else _type_name(tp)
         rows.append(f"| `{section}.{f.name}` | {kind} | `{_default(f)}` | {_allowed(f, tp)} | "
                     f"{docs.get(f.name, '').replace('|', '/')} |")

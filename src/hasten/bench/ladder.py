@@ -46,6 +46,11 @@ def _load(text: str) -> dict:
     return to_dict(load_recipe(spec.recipe, spec.overrides))
 
 
+def _optimizer_kind(recipe: dict) -> tuple:
+    opt = recipe["optimizer"]
+    return opt.get("name"), (opt.get("muon") or {}).get("others")
+
+
 def ladder_steps(baseline: str, target: str, order: list[str] | None = None) -> list[tuple[str, list[str]]]:
     """[(step name, overrides)] that turn `baseline` into `target`. Either end may carry
     overrides joined with '+', as in `hasten bench`: 'cifar10-fast+trainer.precision=bf16-mixed'."""
@@ -59,6 +64,9 @@ def ladder_steps(baseline: str, target: str, order: list[str] | None = None) -> 
         if diff and section == "model" and a["model"].get("name") != b["model"].get("name"):
             # another network: its keys are another constructor's, so the section is replaced whole
             diff = [f"model={json.dumps(b['model'])}"]
+        if diff and section == "optimizer" and _optimizer_kind(a) != _optimizer_kind(b):
+            # another optimizer: its sub-sections are others, so the section is replaced whole
+            diff = [f"optimizer={json.dumps(b['optimizer'])}"]
         if diff:
             steps[section] = diff
     for name, params in b["algorithms"].items():
