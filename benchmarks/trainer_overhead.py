@@ -7,8 +7,8 @@ mean, where none of the default loss's special cases apply), and, when installed
 Lightning (bare, and with its progress bar and CSV logger). Runs alternate in one process, in forward then reverse order from round to
 round; reported: the median time ratio to the plain loop of the same round, with a
 distribution-free 95% interval, and the overhead in microseconds per step. hasten's
-host allocator settings are applied before the first loop, so every loop runs under them
-(the Trainer would otherwise apply them part-way through the first round).
+host allocator settings (what `hasten train` applies on the CPU) are applied before the
+first loop, so every loop runs under them.
 
     python benchmarks/trainer_overhead.py [--steps 2000] [--rounds 5]
 """
@@ -155,8 +155,8 @@ def main():
         pass
     times = {k: [] for k in runners}
     cpu = {k: [] for k in runners}   # CPU seconds of the whole call (set-up included)
-    # The Trainer fixes glibc malloc's settings for the whole process when it first runs on the
-    # CPU (hasten.allocator); fix them before any loop runs, so that every loop, the plain one's
+    # hasten train fixes glibc malloc's settings for the whole process on the CPU
+    # (hasten.allocator); fix them before any loop runs, so that every loop, the plain one's
     # first round included, runs under the same allocator.
     configure_host_allocator("auto", "cpu")
     plain(loader, 200)  # warm-up
@@ -188,7 +188,7 @@ def main():
     md = ("# Trainer overhead (tiny MLP, 2000 steps, batch 64, 1 thread, CPU)\n\n"
           f"{args.rounds} rounds in one process, the order reversed every other round; ratio = time / plain loop time of the same round; "
           "the 95% interval of the median ratio is distribution-free (order statistics); glibc malloc's settings "
-          "are fixed (as the Trainer fixes them) before the first loop runs.\n\n"
+          "are fixed (as hasten train fixes them) before the first loop runs.\n\n"
           "| loop | median time (s) | median ratio [95% CI] (min-max) | best / best | median CPU-time ratio | overhead (us/step, medians) |\n"
           "|---|---|---|---|---|---|\n"
           + "\n".join(rows))

@@ -334,14 +334,14 @@ class Trainer:
 
     def _run_epoch(self, batches) -> bool:
         """One epoch, a batch at a time, top to bottom, with the events between the lines.
-        True when the data ran out, False when training must stop. An event nobody listens
-        to costs one dictionary look-up in `fire`."""
-        state, fire, perf_counter = self.state, self.engine.run, time.perf_counter
+        True when the data ran out, False when training must stop. `on` is the set of events
+        somebody listens to: an event nobody listens to costs that one look-up."""
+        state, fire, on, perf_counter = self.state, self.engine.run, self.engine.active, time.perf_counter
         on_cpu, device, batch_fn, count_tokens = self._on_cpu, self.device, self.batch_fn, self.count_tokens
         optimizers, scaler, advance, step = state.optimizers, state.scaler, state.timestamp.advance, self._step
         progress_schedules, batch_schedulers = self._progress_schedules, self._batch_schedulers
         while True:
-            fire(BEFORE_DATALOADER)
+            if BEFORE_DATALOADER in on: fire(BEFORE_DATALOADER)                        # noqa: E701
             t0 = perf_counter()
             try:
                 batch = next(batches)                                  # fetch
@@ -352,15 +352,15 @@ class Trainer:
                     return False
                 raise
             state.batch = batch if on_cpu else to_device(batch, device)
-            fire(AFTER_DATALOADER)
+            if AFTER_DATALOADER in on: fire(AFTER_DATALOADER)                          # noqa: E701
             for sched in progress_schedules:                           # learning rate (and more) from progress
                 sched.apply(state)
-            fire(BATCH_START)
+            if BATCH_START in on: fire(BATCH_START)                                    # noqa: E701
             batch = state.batch
             n_samples = batch[0].shape[0] if type(batch) is tuple or type(batch) is list else batch_size(batch)
             n_tokens = count_tokens(batch_fn(batch)[1])
             step(state)                                                # forward, loss, reduce, backward
-            fire(BEFORE_OPTIM_STEP)                                    # gradient clipping happens here
+            if BEFORE_OPTIM_STEP in on: fire(BEFORE_OPTIM_STEP)        # noqa: E701  gradient clipping here
             if scaler is None:
                 for opt in optimizers:
                     opt.step()
@@ -368,7 +368,7 @@ class Trainer:
                 for opt in optimizers:
                     scaler.step(opt)
                 scaler.update()
-            fire(AFTER_OPTIM_STEP)
+            if AFTER_OPTIM_STEP in on: fire(AFTER_OPTIM_STEP)                          # noqa: E701
             for opt in optimizers:
                 opt.zero_grad(set_to_none=True)
             for sched in batch_schedulers:                             # torch schedulers: once per batch
@@ -380,28 +380,28 @@ class Trainer:
     def _forward_backward(self, state: State) -> None:
         """The default step (algorithms may wrap it): forward, loss, reduction and backward
         of every micro-batch; `micro_batch_weight` is a micro-batch's share of the samples."""
-        fire, autocast, batch_fn, k = self.engine.run, self._autocast_ctx, self.batch_fn, state.grad_accum
-        batch = state.batch
+        fire, on, autocast, batch_fn = self.engine.run, self.engine.active, self._autocast_ctx, self.batch_fn
+        batch, k = state.batch, state.grad_accum
         micros = (batch,) if k == 1 else split_batch(batch, k)
         total = batch_size(batch) if k > 1 else 1
         for i, micro in enumerate(micros):
             state.micro_batch, state.micro_batch_index = micro, i
             state.micro_batch_weight = 1.0 if k == 1 else batch_size(micro) / total
-            fire(BEFORE_FORWARD)
+            if BEFORE_FORWARD in on: fire(BEFORE_FORWARD)                              # noqa: E701
             inputs, targets = batch_fn(state.micro_batch)
             with autocast:
                 state.outputs = forward(state.forward_model, inputs)
-            fire(AFTER_FORWARD)
-            fire(BEFORE_LOSS)
+            if AFTER_FORWARD in on: fire(AFTER_FORWARD)                                # noqa: E701
+            if BEFORE_LOSS in on: fire(BEFORE_LOSS)                                    # noqa: E701
             with autocast:
                 state.loss = self._training_loss(state.outputs, targets)
             state.loss_count = state.loss.numel()
-            fire(AFTER_LOSS)                                           # per-sample losses: reweight, drop
+            if AFTER_LOSS in on: fire(AFTER_LOSS)                      # noqa: E701  per-sample losses: reweight, drop
             state.loss = loss = self.reduce_loss(state.loss)
             state.step_losses.append(loss.detach())                    # read at log points only
-            fire(BEFORE_BACKWARD)
+            if BEFORE_BACKWARD in on: fire(BEFORE_BACKWARD)                            # noqa: E701
             (loss if state.scaler is None else state.scaler.scale(loss)).backward()
-            fire(AFTER_BACKWARD)
+            if AFTER_BACKWARD in on: fire(AFTER_BACKWARD)                              # noqa: E701
 
     def _epoch_complete(self) -> bool:
         """After a stop: the epoch is complete when its last batch was the stopping point."""
@@ -436,12 +436,12 @@ class Trainer:
 
     def _after_batch(self) -> bool:
         """Batch end: log, evaluate, checkpoint. True when training must stop now."""
-        state, run = self.state, self.engine.run
+        state, run, on = self.state, self.engine.run, self.engine.active
         ts = state.timestamp
         if ts.batch < self._next_due:   # no log, evaluation or end of a batch-counted run is due
-            run(BATCH_END)
-            run(CHECKPOINT)
-            return self._stop_on_signal() or state.stop_training
+            if BATCH_END in on: run(BATCH_END)                                         # noqa: E701
+            if CHECKPOINT in on: run(CHECKPOINT)                                       # noqa: E701
+            return self._signal.is_set() and self._stop_on_signal() or state.stop_training
         progress = state.progress if self._intervals_need_progress else 0.0
         state.log_due = self.log_interval.due(ts, progress)
         run(BATCH_END)
