@@ -40,6 +40,8 @@ def test_target_parsing():
     t = Target.parse("val/acc>=0.908")
     assert (t.metric, t.op, t.value) == ("val/acc", ">=", 0.908) and t.reached(0.91) and not t.reached(0.9)
     assert Target.parse("val/loss<=@first").from_first
+    worst = Target.parse("val/loss<=@first-worst")
+    assert worst.from_first and worst.rule == "worst" and str(worst) == "val/loss<=@first-worst"
     with pytest.raises(ValueError, match="METRIC>=VALUE"):
         Target.parse("val/acc>0.9")
 
@@ -72,6 +74,23 @@ def test_analysis_counts_misses_and_resolves_first_target(tmp_path):
     assert "| c | 0/2 |" in md and "| a | 2/3 |" in md
     assert (tmp_path / "report.png").stat().st_size > 1000
     assert json.loads((tmp_path / "report.json").read_text())["metric"] == "val/acc"
+
+
+def test_first_worst_target_is_reached_by_every_first_run_and_misses_are_censored(tmp_path):
+    runs = [_run("a", s, [(10, 0.85), (20, 0.90 + 0.01 * s)]) for s in range(3)]
+    runs += [_run("b", s, [(5, 0.90 + 0.02 * s), (10, 0.92)]) for s in range(2)]
+    runs += [_run("b", 2, [(5, 0.80), (10, 0.85)])]                     # b's seed 2 misses
+    res = R.write_report(runs, ["a", "b"], Target.parse("val/acc>=@first-worst"), tmp_path, "t")
+    assert res["target_value"] == pytest.approx(0.90)
+    assert res["recipes"]["a"]["reached"] == 3 and res["recipes"]["b"]["reached"] == 2
+    # a reaches 0.90 at its second evaluation in every seed: 20 s - 0.5 s warm-up = 19.5 s;
+    # b at 4.5 s in seeds 0 and 1, seed 2 is censored at its whole 9.5 s: KM median 4.5
+    assert res["recipes"]["a"]["median_time_to_target_s"] == pytest.approx(19.5)
+    assert res["recipes"]["b"]["median_time_to_target_s"] == pytest.approx(4.5)
+    sp = res["recipes"]["b"]["speedup_time_to_target"]
+    assert sp["reached"] == [3, 2] and sp["runs"] == [3, 3] and sp["ratio"] == pytest.approx(19.5 / 4.5)
+    md = (tmp_path / "report.md").read_text()
+    assert "| b | 2/3 |" in md and "Kaplan-Meier" in md
 
 
 def test_runs_interleave_and_a_rerun_continues(tmp_path, monkeypatch):

@@ -221,7 +221,8 @@ def make_parser() -> argparse.ArgumentParser:
                        "RECIPE may carry overrides joined with '+': name+optimizer.lr=2e-3. Items with '=' "
                        "are overrides for every recipe. Rerunning continues a stopped comparison.")
     b.add_argument("items", nargs="+", metavar="RECIPE|KEY=VALUE")
-    b.add_argument("--target", required=True, help="e.g. 'val/acc>=0.908', 'val/loss<=1.9' or 'val/loss<=@first'")
+    b.add_argument("--target", required=True, help="e.g. 'val/acc>=0.908', 'val/loss<=1.9', or 'val/loss<=@first-worst' "
+                   "(the first recipe's worst final value; '@first': its mean)")
     b.add_argument("--seeds", type=int, default=3, help="runs per recipe (default 3)")
     b.add_argument("--seed0", type=int, default=0, help="first seed (default 0)")
     b.add_argument("--eval-every", help="the same evaluation cadence for every recipe, e.g. 25000sp or 16000tok")

@@ -6,7 +6,10 @@ Timing rules (docs/bench.md):
   method set-up computed from data (counted as part of a method's cost);
 - evaluations that only watch for the target are timed separately and never counted;
 - data loading into memory is reported separately;
-- runs that never reach the target are misses, shown in the table;
+- runs that never reach the target, and runs stopped by --cap, are censored: they took at
+  least their whole timed duration (hasten.bench.survival); reached/total is shown beside
+  every time to target, and the speedup is the ratio of Kaplan-Meier median times with a
+  bootstrap interval;
 - only finished and capped runs are counted; failed runs are listed with their error,
   interrupted ones are left out (a continued comparison reruns both);
 - the fixed-budget view compares final metric and timed training duration.
@@ -21,6 +24,7 @@ from ..errors import HastenError
 from ..provenance import describe as describe_code
 from .runner import COUNTED, outcome
 from .stats import describe, ratio_ci, welch_t_test
+from .survival import censored_speedup, describe_speedup, km_median
 from .target import Target
 
 
@@ -66,9 +70,41 @@ def resolve_target(target: Target, runs: list[dict], first_label: str) -> Target
     vals = [final_metric(r, target.metric) for r in runs if r["label"] == first_label and outcome(r) in COUNTED]
     vals = [v for v in vals if v is not None]
     if not vals:
-        raise HastenError(f"cannot resolve {target.metric}@first: no finished run of {first_label} "
+        raise HastenError(f"cannot resolve {target}: no finished run of {first_label} "
                           f"reports {target.metric}; check the failed runs' logs, or give the target as a number")
-    return Target(target.metric, target.op, sum(vals) / len(vals), True)
+    if target.rule == "worst":
+        value = max(vals) if target.op == "<=" else min(vals)
+    else:
+        value = sum(vals) / len(vals)
+    return Target(target.metric, target.op, value, True, target.rule)
+
+
+def censored_times(rs: list[dict], target: Target) -> list[tuple[float, bool]]:
+    """(seconds, reached) per run: the time to target, or the whole timed run when it
+    missed or was capped (right-censored)."""
+    out = []
+    for r in rs:
+        hit = time_to_target(r, target)
+        if hit:
+            out.append((hit["seconds"], True))
+        else:
+            t = censor_time(r)
+            if t is not None:
+                out.append((t, False))
+    return out
+
+
+def censor_time(r: dict) -> float | None:
+    """How long a run that did not reach the target trained at least: its timed duration,
+    or for a run stopped by --cap (no final record), the training time of its last
+    evaluation or log point."""
+    if timed_duration(r) is not None:
+        return timed_duration(r)
+    seen = [e["train_s"] + e.get("method_setup_s", 0.0) for e in r.get("evals", [])]
+    prog = r.get("progress") or {}
+    if "train_s" in prog:
+        seen.append(prog["train_s"])
+    return max(seen) - (prog.get("warmup_s") or 0.0) if seen else None
 
 
 def analyse(runs: list[dict], labels: list[str], target: Target) -> dict:
@@ -87,7 +123,7 @@ def analyse(runs: list[dict], labels: list[str], target: Target) -> dict:
         finals = [v for v in (final_metric(r, target.metric) for r in rs) if v is not None]
         timed = [t for t in (timed_duration(r) for r in rs) if t is not None]
         fin = [r["final"] for r in rs if r.get("final")]
-        per[label] = {"ttt": ttt, "finals": finals, "timed": timed}
+        per[label] = {"ttt": ttt, "finals": finals, "timed": timed, "censored": censored_times(rs, target)}
         out["recipes"][label] = {
             "runs": len(rs), "reached": len(ttt), "statuses": [outcome(r) for r in rs], "seeds": [r["seed"] for r in rs],
             "time_to_target_s": describe(ttt),
@@ -102,7 +138,8 @@ def analyse(runs: list[dict], labels: list[str], target: Target) -> dict:
     base = per[labels[0]]
     for label in labels:
         rec, p = out["recipes"][label], per[label]
-        rec["speedup_time_to_target"] = ratio_ci(base["ttt"], p["ttt"]) if len(base["ttt"]) and len(p["ttt"]) else None
+        rec["speedup_time_to_target"] = censored_speedup(base["censored"], p["censored"])
+        rec["median_time_to_target_s"] = km_median(p["censored"])
         rec["speedup_timed_duration"] = ratio_ci(base["timed"], p["timed"]) if base["timed"] and p["timed"] else None
         rec["metric_welch_vs_first"] = welch_t_test(p["finals"], base["finals"])
     machines = {json.dumps(r["final"]["machine"], sort_keys=True) for r in runs if r.get("final")}
@@ -138,15 +175,21 @@ def markdown(analysis: dict, title: str, command: str | None = None) -> str:
     m = analysis["metric"]
     lines = header(title, analysis["target"],
                    "Times in seconds of timed work (training minus one-off warm-up, plus method set-up; evaluations "
-                   "and data loading excluded). Speedups are versus the first row: ratio of geometric means with a 95% "
-                   "interval (Welch t-interval on log times). p: Welch's t-test on the final metric versus the first row.",
+                   "and data loading excluded). A run that misses the target, or is capped, counts as censored at its "
+                   "whole timed duration. Time-to-target speedups are versus the first row: the ratio of Kaplan-Meier "
+                   "median times with a 95% percentile-bootstrap interval (open-ended where a median is not reached); "
+                   "fixed-budget speedups: ratio of geometric means of timed durations with a 95% Welch t-interval on "
+                   "log times. p: Welch's t-test on the final metric versus the first row.",
                    command)
     lines += ["## Time to target", "",
-              "| recipe | reached | mean | std | min | max | speedup [95% CI] |", "|---|---|---|---|---|---|---|"]
+              "| recipe | reached | KM median | mean of reached | std | min | max | speedup [95% CI] |",
+              "|---|---|---|---|---|---|---|---|"]
     for label, r in analysis["recipes"].items():
         t = r["time_to_target_s"]
-        lines.append(f"| {label} | {r['reached']}/{r['runs']} | {_f(t['mean'], 1)} | {_f(t['std'], 1)} | "
-                     f"{_f(t['min'], 1)} | {_f(t['max'], 1)} | {_ci(r['speedup_time_to_target'])} |")
+        med = r.get("median_time_to_target_s")
+        lines.append(f"| {label} | {r['reached']}/{r['runs']} | {_f(med, 1) if med is not None else 'not reached by half'} | "
+                     f"{_f(t['mean'], 1)} | {_f(t['std'], 1)} | {_f(t['min'], 1)} | {_f(t['max'], 1)} | "
+                     f"{describe_speedup(r['speedup_time_to_target'])} |")
     lines += ["", "## Fixed budget", "",
               f"| recipe | final {m} mean ± std (min–max) | p | timed s mean ± std | speedup [95% CI] "
               "| warm-up s | eval s | data set-up s | samples | tokens | peak MB |",
