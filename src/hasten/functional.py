@@ -20,6 +20,7 @@ from .algorithms.pool_reorder import reorder_pools
 from .algorithms.progressive_resizing import resize_batch, resize_scale
 from .algorithms.sam import sam_perturb, sam_restore
 from .algorithms.stochastic_depth import drop_path
+from .algorithms.swa import apply_swa
 from .algorithms.channels_last import apply_channels_last
 from .algorithms.chunked_ce import chunked_cross_entropy
 from .algorithms.ema import ema_update, ema_weight

@@ -17,6 +17,17 @@ from torch.optim.swa_utils import AveragedModel
 from ..core import Algorithm, as_time
 
 
+@torch.no_grad()
+def apply_swa(model: torch.nn.Module, averaged: AveragedModel, batches=(), device=None) -> None:
+    """Copy the averaged weights into `model`, then recompute its batch-norm statistics over
+    `batches` (inputs) with torch's `swa_utils.update_bn`; the end of SWA in any loop."""
+    for p, a in zip(model.parameters(), averaged.module.parameters()):
+        p.copy_(a)
+    if any(isinstance(m, torch.nn.modules.batchnorm._BatchNorm) for m in model.modules()):
+        from torch.optim.swa_utils import update_bn
+        update_bn(list(batches), model, device=device)
+
+
 class SWA(Algorithm):
     def __init__(self, start: "float | str" = 0.75, update_every: int = 1, bn_batches: int = 50):
         self.start = as_time(start, "start")
@@ -43,21 +54,11 @@ class SWA(Algorithm):
         self._restore_pending(state)
         if self.averaged is None:
             return
-        with torch.no_grad():
-            for p, a in zip(state.model.parameters(), self.averaged.module.parameters()):
-                p.copy_(a)
-        self._update_bn(state)
-
-    @torch.no_grad()
-    def _update_bn(self, state):
-        bns = [m for m in state.model.modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)]
-        if not bns:
-            return
-        from torch.optim.swa_utils import update_bn
         loader = state.train_dataloader
         it = loader.iter_epoch(0) if hasattr(loader, "iter_epoch") else iter(loader)
-        batches = [b[0] if isinstance(b, (tuple, list)) else b for b in itertools.islice(it, self.bn_batches)]
-        update_bn(batches, state.model, device=state.device)
+        batches = (b[0] if isinstance(b, (tuple, list)) else b for b in itertools.islice(it, self.bn_batches))
+        has_bn = any(isinstance(m, torch.nn.modules.batchnorm._BatchNorm) for m in state.model.modules())
+        apply_swa(state.model, self.averaged, batches if has_bn else (), device=state.device)
 
     def state_dict(self):
         return {"averaged": self.averaged.state_dict()} if self.averaged is not None else {}
