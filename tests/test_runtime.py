@@ -79,3 +79,60 @@ def test_the_task_reads_the_runtime_device():
     recipe = load_recipe("shakespeare-char-baseline", ["trainer.device=cpu", "data.eval_tokens=200"])
     built = TASKS[recipe.task].build(recipe, make_runtime(device="cpu", seed=recipe.trainer.seed))
     assert built.train_dataloader.seed == recipe.trainer.seed
+
+
+def test_timed_segments_end_with_the_device_work_done(monkeypatch):
+    """A fake device: each training step costs 1 s of host time and leaves 10 s of work
+    queued on the device; synchronising waits for it. The training clock must include the
+    queued work at every point it is read (log points, evaluations, the end), and the
+    evaluation's own time must not; no synchronisation happens inside steps."""
+    import time
+    from dataclasses import dataclass
+
+    from hasten.bench.worker import BenchRecorder
+
+    clock = {"now": 0.0, "queued": 0.0, "syncs": []}
+    monkeypatch.setattr(time, "perf_counter", lambda: clock["now"])
+
+    def sync():
+        clock["syncs"].append(clock["now"])
+        clock["now"] += clock["queued"]
+        clock["queued"] = 0.0
+
+    @dataclass(frozen=True)
+    class FakeDeviceRuntime(Runtime):
+        @property
+        def device_synchronize(self):
+            return sync
+
+    model = mlp()
+
+    def step_cost(module, inputs, output):
+        clock["now"] += 1.0                      # host time of the step
+        if module.training:
+            clock["queued"] = 10.0               # the device lags behind
+
+    model.register_forward_hook(step_cost)
+    rt = FakeDeviceRuntime(torch.device("cpu"), "fp32", 0, 1, "default")
+    lines = []
+
+    class Out:
+        def write(self, s):
+            lines.append(s)
+
+        def flush(self):
+            pass
+
+    rec = BenchRecorder(Out())
+    tr = Trainer(model, loader(n=48, batch_size=8), runtime=rt, max_duration="6ba", log_interval="3ba",
+                 eval_interval="3ba", eval_dataloader=loader(n=16, batch_size=8), callbacks=[rec])
+    tr.fit()
+    import json
+    rows = [json.loads(s) for s in lines]
+    progress = [r["train_s"] for r in rows if r["kind"] == "progress"]
+    evals = [(r["train_s"], r["eval_s"]) for r in rows if r["kind"] == "eval"]
+    assert progress == [13.0, 26.0]                  # 3 steps of 1 s + the 10 s queued, twice
+    assert evals == [(13.0, 2.0), (26.0, 2.0)]       # evaluation: its own 2 batches, nothing queued
+    assert tr.state.timestamp.train_seconds == 26.0
+    # two segment ends, both edges of both evaluations, the end of fit: never inside a step
+    assert clock["syncs"] == [3.0, 13.0, 15.0, 18.0, 28.0, 30.0, 30.0]

@@ -59,6 +59,16 @@ class Runtime:
         (Muon's Newton-Schulz iteration follows it unless its ns_dtype is set)."""
         return torch.bfloat16 if self.precision == "bf16-mixed" else torch.float32
 
+    @property
+    def device_synchronize(self):
+        """The function that waits for the device's queued work (None on the CPU, where
+        nothing is queued): the Trainer calls it where a timed segment ends."""
+        if self.device.type == "cuda":
+            return torch.cuda.synchronize
+        if self.device.type == "mps":
+            return torch.mps.synchronize
+        return None
+
     def autocast(self):
         """The autocast context of a forward pass (a shared no-op context in fp32)."""
         dtype = self.autocast_dtype

@@ -444,10 +444,13 @@ class Trainer:
             return self._signal.is_set() and self._stop_on_signal() or state.stop_training
         progress = state.progress if self._intervals_need_progress else 0.0
         state.log_due = self.log_interval.due(ts, progress)
+        eval_due = self.eval_interval.due(ts, progress) and self._has_eval()
+        if state.log_due or eval_due:
+            self._end_segment()   # the training clock is read here: the device's queued work counts in it
         run(BATCH_END)
         if state.log_due:
             self._log_train()
-        if self.eval_interval.due(ts, progress) and self._has_eval():
+        if eval_due:
             self._evaluate_during_fit()
         run(CHECKPOINT)
         state.log_due = False
@@ -487,14 +490,29 @@ class Trainer:
         ts.epoch += 1
         ts.batch_in_epoch = ts.sample_in_epoch = ts.token_in_epoch = 0
         state.at_epoch_end = True
+        eval_due = self.eval_interval.due(ts, state.progress, epoch_end=True) and self._has_eval()
+        if eval_due:
+            self._end_segment()
         run(EPOCH_END)
-        if self.eval_interval.due(ts, state.progress, epoch_end=True) and self._has_eval():
+        if eval_due:
             self._evaluate_during_fit()
         run(CHECKPOINT)
         state.at_epoch_end = False
 
+    def _end_segment(self) -> None:
+        """End a timed training segment with the device's queued work done, and count the wait
+        as training time. Steps time the host only (no synchronisation inside a step), so on
+        a GPU the work still queued when the clock is read (a log point, an evaluation, the
+        end of fit) would otherwise fall in no segment. A no-op on the CPU."""
+        sync = self.runtime.device_synchronize
+        if sync is not None:
+            t = time.perf_counter()
+            sync()
+            self.state.timestamp.train_seconds += time.perf_counter() - t
+
     def _finish(self) -> None:
         state = self.state
+        self._end_segment()
         self._log_train()
         if self._has_eval() and self._evaluated_at != state.timestamp.batch and not self._signal.is_set():
             self._evaluate_during_fit()
