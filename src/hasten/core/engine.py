@@ -1,8 +1,8 @@
 """Engine: for each event, let algorithms change the state, then let callbacks observe it.
 
 Algorithms run in the order given, except on "after" events (AFTER_* and *_END), where they
-run in reverse. The dispatch table is built once; an event nobody listens to costs one
-dictionary look-up.
+run in reverse. The dispatch table is built once; `active` is the set of events somebody
+listens to, which the Trainer's loop checks before firing (an idle event costs that look-up).
 """
 from __future__ import annotations
 
