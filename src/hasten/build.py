@@ -83,6 +83,7 @@ class Run:
         self.trainer.close()
         if self.lock is not None:
             self.lock.release()
+        self.trainer.runtime.close()   # leaves the process group under torchrun
 
 
 def build_algorithms(recipe: Recipe) -> list:
@@ -95,7 +96,7 @@ def recipe_runtime(recipe: Recipe) -> Runtime:
     thing a run does, before any data is loaded or model built."""
     t = recipe.trainer
     return make_runtime(device=t.device, precision=t.precision, seed=t.seed, threads=t.threads,
-                        host_allocator=t.host_allocator)
+                        host_allocator=t.host_allocator, parallelism=t.parallelism, timeout_s=t.dist_timeout_s)
 
 
 def build_run(recipe: Recipe, progress_bar: bool | None = None, console_logger: bool = True,
@@ -110,6 +111,9 @@ def build_run(recipe: Recipe, progress_bar: bool | None = None, console_logger: 
     runtime = recipe_runtime(recipe)   # seeds too: the model below is initialised under the run's seed
     algorithms = build_algorithms(recipe)
     run_dir = Path(t.run_dir) if t.run_dir else default_run_dir(recipe)
+    if runtime.world.size > 1:
+        return _build_rank(recipe, runtime, algorithms, _same_on_every_rank(run_dir), progress_bar,
+                           console_logger, force)
     created = [p for p in (run_dir, *run_dir.parents) if not p.exists()]   # the folders this run makes, deepest first
     lock = FolderLock(ensure_writable_dir(run_dir, "run folder"), "run folder").acquire()
     try:
@@ -130,13 +134,55 @@ def build_run(recipe: Recipe, progress_bar: bool | None = None, console_logger: 
     return Run(recipe=recipe, trainer=trainer, built=built, run_dir=run_dir, lock=lock)
 
 
+def _same_on_every_rank(run_dir: Path) -> Path:
+    """Rank 0's run folder, on every rank (a default name holds the time, which ranks may read
+    a second apart)."""
+    import torch.distributed as dist
+    box = [str(run_dir)]
+    dist.broadcast_object_list(box, src=0)
+    return Path(box[0])
+
+
+def _build_rank(recipe: Recipe, runtime: Runtime, algorithms: list, run_dir: Path, progress_bar,
+                console_logger: bool, force: bool) -> Run:
+    """build_run under data parallelism: rank 0 checks, locks and writes the run folder (as
+    one process does); the other ranks wait for it, then build the same run and write nothing."""
+    import torch.distributed as dist
+    lock, error = None, None
+    if runtime.world.is_main:
+        try:
+            lock = FolderLock(ensure_writable_dir(run_dir, "run folder"), "run folder").acquire()
+            changes = check_run_folder(recipe, run_dir, force)
+        except BaseException as e:   # told to the other ranks, so they stop too
+            error = e
+    box = [None if error is None else f"{type(error).__name__}: {error}"]
+    dist.broadcast_object_list(box, src=0)
+    if error is not None:
+        if lock is not None:
+            lock.release()
+        raise error
+    if box[0] is not None:
+        raise ConfigError(f"rank 0 could not prepare the run folder: {box[0]}")
+    try:
+        built = TASKS[recipe.task].build(recipe, runtime)
+        trainer = _trainer(recipe, built, algorithms, run_dir, runtime, progress_bar and runtime.world.is_main,
+                           console_logger and runtime.world.is_main)
+        if runtime.world.is_main:
+            write_run_folder(recipe, run_dir, changes, force)
+    except BaseException:
+        if lock is not None:
+            lock.release()
+        raise
+    return Run(recipe=recipe, trainer=trainer, built=built, run_dir=run_dir, lock=lock)
+
+
 def _trainer(recipe: Recipe, built: Built, algorithms: list, run_dir: Path, runtime: Runtime, progress_bar,
              console_logger: bool) -> Trainer:
     t = recipe.trainer
-    loggers = [JSONLLogger(run_dir / "metrics.jsonl")]
+    loggers = [JSONLLogger(run_dir / "metrics.jsonl")] if runtime.world.is_main else []
     if console_logger:
         loggers.append(ConsoleLogger())
-    if t.tensorboard:
+    if t.tensorboard and runtime.world.is_main:
         try:
             from .loggers import TensorBoardLogger
             loggers.append(TensorBoardLogger(run_dir / "tensorboard"))

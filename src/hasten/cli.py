@@ -48,6 +48,8 @@ def _cmd_train(args) -> int:
         from .config import to_dict
         print(yaml.safe_dump(to_dict(recipe), sort_keys=False), end="")
         return 0
+    if args.nproc is not None and "WORLD_SIZE" not in os.environ:
+        return _launch_torchrun(args)
     if args.print_events:   # the run built for real (data included) in a folder that is then removed
         import tempfile
         with tempfile.TemporaryDirectory(prefix="hasten-events-") as tmp:
@@ -58,6 +60,8 @@ def _cmd_train(args) -> int:
         return 0
     run = build_run(recipe, progress_bar=False if args.no_progress else None, force=args.force)
     state = run.trainer.state
+    if not run.trainer.world.is_main:   # under torchrun rank 0 alone reports
+        console = Console(file=open(os.devnull, "w"))
     params = run.built.info.get("params")
     console.print(f"hasten {__import__('hasten').__version__}: recipe [bold]{recipe.name}[/] on {state.device} "
                   f"({state.precision}" + (", chosen by precision=auto" if state.runtime.asked_precision == "auto" else "")
@@ -66,7 +70,8 @@ def _cmd_train(args) -> int:
                      if state.resumed_from else ""))
     if recipe.trainer.autoresume and not state.resumed_from:
         console.print(f"autoresume: no checkpoint in {run.run_dir} yet; starting the run from the beginning")
-    console.print(f"run folder: {run.run_dir}")
+    console.print(f"run folder: {run.run_dir}" + (f"; {run.trainer.world.size} processes, data-parallel"
+                                                   if run.trainer.world.size > 1 else ""))
     t0 = time.perf_counter()
     try:
         run.trainer.fit()
@@ -87,6 +92,19 @@ def _cmd_train(args) -> int:
     console.print(f"logs: {run.run_dir / 'metrics.jsonl'}"
                   + (f", TensorBoard: {run.run_dir / 'tensorboard'}" if (run.run_dir / 'tensorboard').exists() else ""))
     return 0
+
+
+def _launch_torchrun(args) -> int:
+    """`hasten train --nproc N ...`: the same command under torchrun on this machine (a thin
+    convenience; on several machines call torchrun yourself, see docs/distributed.md)."""
+    import subprocess
+    if args.nproc < 1:
+        raise ConfigError(f"--nproc {args.nproc}: give at least 1 process")
+    argv = [a for i, a in enumerate(args.argv) if a != "--nproc" and not a.startswith("--nproc=")
+            and not (i > 0 and args.argv[i - 1] == "--nproc")]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={args.nproc}",
+           "-m", "hasten.cli", "train", *argv]
+    return subprocess.call(cmd)
 
 
 def _check_bench_input(args, specs: list) -> None:
@@ -214,6 +232,8 @@ def make_parser() -> argparse.ArgumentParser:
     t.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR with its stored recipe "
                    "(overrides that change the run's mathematics are refused without --force)")
     t.add_argument("--force", action="store_true", help="with --resume: allow overrides that change the run")
+    t.add_argument("--nproc", type=int, metavar="N", help="train data-parallel in N processes on this machine "
+                   "(runs the command under torchrun --standalone)")
     t.set_defaults(func=_cmd_train)
     b = sub.add_parser("bench", help="compare recipes: time to a target, many seeds, honest statistics",
                        description="Run each recipe for several seeds, each run in its own process, seeds paired "

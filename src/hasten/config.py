@@ -69,6 +69,10 @@ class TrainerConfig:
     """Write TensorBoard event files, when the tensorboard package is installed."""
     threads: Optional[int] = setting(None, ge=1)
     """torch.set_num_threads; default: leave as it is."""
+    parallelism: Literal["auto", "none", "ddp"] = "auto"
+    """How processes launched by torchrun train together: ddp (data-parallel), none, or auto (ddp with more than one process)."""
+    dist_timeout_s: float = setting(600.0, gt=0)
+    """Bound on every collective: a lost rank stops the others with an error after this many seconds."""
     host_allocator: Literal["auto", "tuned", "default"] = "auto"
     """glibc malloc settings; auto: tuned for CPU runs (hasten.allocator). hasten train/bench apply it; a Python Trainer leaves malloc alone unless asked."""
 

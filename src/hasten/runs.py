@@ -31,7 +31,7 @@ RESUMES_FILE = "resumes.jsonl"
 # keys a resume may change: none of them changes the numbers the run computes
 RESUME_SAFE = frozenset({
     "trainer.max_duration", "trainer.device", "trainer.threads", "trainer.progress_bar", "trainer.tensorboard",
-    "trainer.log_interval", "trainer.host_allocator", "trainer.keep_last", "trainer.save_interval",
+    "trainer.log_interval", "trainer.host_allocator", "trainer.dist_timeout_s", "trainer.keep_last", "trainer.save_interval",
     "data.num_workers", "description"})
 # keys that say where and how to resume, not what the run is
 _RESUME_CONTROL = frozenset({"trainer.run_dir", "trainer.autoresume", "trainer.load_path"})

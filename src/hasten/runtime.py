@@ -20,12 +20,18 @@ after resolving its runtime. What seeds what:
 - hasten's loaders and data methods derive their own generators from (seed, epoch, batch or
   sample), so data order and augmentation do not depend on either.
 
-Distributed training will add the world (rank, world size, process group) here.
+The world: launched by `torchrun` (which sets RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR and
+MASTER_PORT), `make_runtime` joins the process group (gloo on the CPU, NCCL on CUDA, the
+device bound from LOCAL_RANK, a timeout you can set) and records rank and world size in
+`Runtime.world`; `Runtime.close()` leaves it. `parallelism`: 'none', 'ddp', or 'auto' (ddp
+when launched with more than one process). See docs/distributed.md.
 """
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass
+import datetime
+import os
+from dataclasses import dataclass, field
 
 import torch
 
@@ -33,9 +39,39 @@ from .allocator import MODES as ALLOCATOR_MODES
 from .allocator import AllocatorReport, configure_host_allocator
 from .utils import resolve_device, resolve_precision, seed_everything
 
+PARALLELISMS = ("auto", "none", "ddp", "fsdp")
 PRECISIONS = ("fp32", "bf16-mixed", "fp16-mixed", "auto")   # auto: the fastest the hardware runs natively
 _AUTOCAST_DTYPES = {"bf16-mixed": torch.bfloat16, "fp16-mixed": torch.float16}
 _NO_AUTOCAST = contextlib.nullcontext()   # reusable: fp32 steps enter no real context
+
+
+@dataclass(frozen=True)
+class World:
+    """The processes of a run: this one's rank, its rank on its machine, how many there are,
+    and how they train together ('none': one process; 'ddp': data-parallel)."""
+    rank: int = 0
+    local_rank: int = 0
+    size: int = 1
+    parallelism: str = "none"
+    owns_group: bool = False   # make_runtime joined the process group (close() leaves it)
+
+    @property
+    def is_main(self) -> bool:
+        """Rank 0: the one process that writes logs, progress, metrics and checkpoints."""
+        return self.rank == 0
+
+    @property
+    def data_parallel(self) -> bool:
+        return self.parallelism == "ddp"
+
+
+def launched_world() -> tuple[int, int, int]:
+    """(rank, local rank, world size) as torchrun set them; (0, 0, 1) otherwise."""
+    try:
+        return (int(os.environ.get("RANK", 0)), int(os.environ.get("LOCAL_RANK", 0)),
+                int(os.environ.get("WORLD_SIZE", 1)))
+    except ValueError as e:
+        raise ValueError(f"RANK, LOCAL_RANK and WORLD_SIZE must be whole numbers (as torchrun sets them): {e}") from e
 
 
 @dataclass(frozen=True)
@@ -48,6 +84,7 @@ class Runtime:
     host_allocator: str                 # the mode asked for: auto | tuned | default
     allocator_report: AllocatorReport | None = None   # what tuning did (None: not asked)
     asked_precision: str = "fp32"       # before resolution ('auto' stays visible in reports)
+    world: World = field(default_factory=World)
 
     @property
     def autocast_dtype(self) -> torch.dtype | None:
@@ -76,14 +113,28 @@ class Runtime:
 
     def describe(self) -> str:
         chosen = ", chosen by precision=auto" if self.asked_precision == "auto" else ""
+        world = (f", rank {self.world.rank} of {self.world.size} ({self.world.parallelism})"
+                 if self.world.size > 1 else "")
         return (f"device {self.device}, precision {self.precision}{chosen}, seed {self.seed}, "
-                f"{self.threads} threads, host allocator {self.host_allocator}")
+                f"{self.threads} threads, host allocator {self.host_allocator}{world}")
+
+    def close(self) -> None:
+        """Leave the process group if make_runtime joined it."""
+        import torch.distributed as dist
+        if self.world.owns_group and dist.is_available() and dist.is_initialized():
+            dist.destroy_process_group()
 
 
 def make_runtime(device: "str | torch.device" = "auto", precision: str = "fp32", seed: int = 0,
-                 threads: int | None = None, host_allocator: str = "default") -> Runtime:
-    """Resolve the runtime and apply its process-wide settings, in this order: the thread
-    count (`torch.set_num_threads`, when given), the host allocator, the seeds.
+                 threads: int | None = None, host_allocator: str = "default", parallelism: str = "auto",
+                 timeout_s: float = 600.0) -> Runtime:
+    """Resolve the runtime and apply its process-wide settings, in this order: the world
+    (under torchrun: join the process group, bind the device), the thread count
+    (`torch.set_num_threads`, when given), the host allocator, the seeds.
+
+    parallelism: 'auto' (ddp when launched with more than one process, none otherwise),
+    'none', or 'ddp'; timeout_s bounds every collective, so a lost rank stops the others
+    with an error instead of a hang.
 
     host_allocator: 'default' (the default for library users) leaves glibc malloc alone;
     'auto' tunes it when training on the CPU (`hasten train` and `hasten bench` ask for
@@ -95,13 +146,58 @@ def make_runtime(device: "str | torch.device" = "auto", precision: str = "fp32",
         raise ValueError(f"host_allocator={host_allocator!r}: use one of {ALLOCATOR_MODES}")
     if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
         raise ValueError(f"seed must be a whole number >= 0, got {seed!r}")
+    if parallelism not in PARALLELISMS:
+        raise ValueError(f"parallelism={parallelism!r}: use one of {PARALLELISMS}")
+    if parallelism == "fsdp":
+        raise ValueError("parallelism=fsdp (sharded training) is not available yet: use ddp")
+    if not timeout_s > 0:
+        raise ValueError(f"timeout_s must be positive, got {timeout_s!r}")
     if threads is not None:
         if not isinstance(threads, int) or threads < 1:
             raise ValueError(f"threads must be a whole number >= 1, got {threads!r}")
         torch.set_num_threads(threads)
     dev = resolve_device(device)
+    world = _join_world(parallelism, dev, timeout_s)
+    if world.size > 1 and dev.type == "cuda":
+        dev = torch.device("cuda", world.local_rank)
     report = configure_host_allocator(host_allocator, dev.type)
-    seed_everything(seed)
+    seed_everything(seed)   # the same seed on every rank: the same initial model, the same global batches
     return Runtime(device=dev, precision=resolve_precision(precision, dev), seed=seed,
                    threads=torch.get_num_threads(), host_allocator=host_allocator, allocator_report=report,
-                   asked_precision=precision)
+                   asked_precision=precision, world=world)
+
+
+def _join_world(parallelism: str, device: torch.device, timeout_s: float) -> World:
+    rank, local_rank, size = launched_world()
+    if parallelism == "auto":
+        parallelism = "ddp" if size > 1 else "none"
+    if parallelism == "none":
+        if size > 1:
+            raise ValueError(f"launched with {size} processes but parallelism=none: every process would train "
+                             "alone on the same data; use parallelism=ddp (or auto), or launch one process")
+        return World()
+    import torch.distributed as dist
+    if not dist.is_available():
+        raise ValueError("parallelism=ddp needs torch.distributed, which this build of torch lacks")
+    if device.type == "cuda":
+        torch.cuda.set_device(local_rank)
+    owns = False
+    if not dist.is_initialized():
+        if size > 1 and "MASTER_ADDR" not in os.environ:
+            raise ValueError("WORLD_SIZE is set but MASTER_ADDR is not: launch with torchrun "
+                             "(torchrun --nproc-per-node N -m hasten.cli train ...)")
+        if size == 1:   # ddp in one process (to measure its overhead): a local group of one
+            os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+            os.environ.setdefault("MASTER_PORT", str(_free_port()))
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo", rank=rank, world_size=size,
+                                timeout=datetime.timedelta(seconds=timeout_s))
+        owns = True
+    return World(rank=dist.get_rank(), local_rank=local_rank, size=dist.get_world_size(), parallelism="ddp",
+                 owns_group=owns)
+
+
+def _free_port() -> int:
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

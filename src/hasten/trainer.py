@@ -24,7 +24,7 @@ from .data.resumable import epoch_iterator
 from .errors import TrainingError
 from .loggers import LogHub
 from .runtime import PRECISIONS, Runtime, make_runtime  # noqa: F401  (PRECISIONS: re-exported)
-from .utils import batch_size, forward, inputs_targets, seed_everything, split_batch, to_device
+from .utils import batch_size, forward, inputs_targets, seed_everything, shard_batch, split_batch, to_device
 
 # Events as module constants: looking members up on an Enum class is slow in Python 3.11.
 (AFTER_BACKWARD, AFTER_DATALOADER, AFTER_FORWARD, AFTER_LOSS, AFTER_OPTIM_STEP, BATCH_END, BATCH_START, BEFORE_BACKWARD, BEFORE_DATALOADER, BEFORE_FORWARD, BEFORE_LOSS, BEFORE_OPTIM_STEP, CHECKPOINT, EPOCH_END, EPOCH_START, EVAL_BATCH_END, EVAL_BATCH_START, EVAL_END, EVAL_START, FIT_END, FIT_START, INIT, PREDICT_BATCH_END, PREDICT_END, PREDICT_START) = (
@@ -144,7 +144,7 @@ class Trainer:
             model = model()
             if not isinstance(model, torch.nn.Module):
                 raise TypeError(f"the model factory returned a {type(model).__name__}, not a torch.nn.Module")
-        self.runtime = runtime
+        self.runtime, self.world = runtime, runtime.world
         self.device, precision, seed = runtime.device, runtime.precision, runtime.seed
         self.host_allocator = runtime.allocator_report
         self._on_cpu = self.device.type == "cpu"   # CPU batches need no move
@@ -169,6 +169,11 @@ class Trainer:
             existing = [Checkpoint(save_folder, interval=save_interval or "1ep", io=self.checkpoint_io)]
             callbacks.append(existing[0])
         self.checkpointer = existing[0] if existing else None   # writes the signal-time checkpoint too
+        # under data parallelism rank 0 alone writes: the callbacks that write (progress,
+        # checkpoints) and the loggers run there only; every rank reads checkpoints to resume
+        if not self.world.is_main:
+            callbacks = [c for c in callbacks if not getattr(c, "main_rank_only", False)]
+            loggers = []
         self.save_folder = save_folder if save_folder is not None else (
             str(self.checkpointer.folder) if self.checkpointer else None)
         if autoresume and not self.save_folder:
@@ -193,7 +198,12 @@ class Trainer:
         self.state.schedulers = self._build_schedulers(schedulers)
         if precision == "fp16-mixed":
             self.state.scaler = torch.amp.GradScaler(self.device.type)
-        self.state.forward_model = self._compile(model, compile)
+        self._ddp = None
+        if self.world.data_parallel:   # after INIT: model surgery is done; DDP broadcasts rank 0's weights
+            from torch.nn.parallel import DistributedDataParallel
+            self._ddp = DistributedDataParallel(model, device_ids=[self.device.index] if self.device.type == "cuda" else None)
+        self.state.forward_model = self._compile(self._ddp or model, compile)
+        self._eval_model = model if self._ddp is not None else self.state.forward_model   # no collectives in evaluation
         self.state.batch_fn, self.state.autocast = batch_fn, runtime.autocast
 
         self._signal = threading.Event()   # SIGTERM or a first Ctrl-C: save at the end of this step, stop
@@ -379,14 +389,21 @@ class Trainer:
 
     def _forward_backward(self, state: State) -> None:
         """The default step (algorithms may wrap it): forward, loss, reduction and backward
-        of every micro-batch; `micro_batch_weight` is a micro-batch's share of the samples."""
+        of every micro-batch; `micro_batch_weight` is a micro-batch's share of the step's
+        samples. Under data parallelism each rank takes its share of every micro-batch of the
+        global batch (`shard_batch`), weighted so that DDP's gradient average is the global
+        mean, and gradients are all-reduced on the last micro-batch only (`no_sync`)."""
         fire, on, autocast, batch_fn = self.engine.run, self.engine.active, self._autocast_ctx, self.batch_fn
-        batch, k = state.batch, state.grad_accum
+        batch, k, world, ddp = state.batch, state.grad_accum, self.world, self._ddp
         micros = (batch,) if k == 1 else split_batch(batch, k)
-        total = batch_size(batch) if k > 1 else 1
+        total = batch_size(batch) if k > 1 or world.size > 1 else 1
         for i, micro in enumerate(micros):
+            if world.size > 1:
+                micro = shard_batch(micro, world.rank, world.size)
             state.micro_batch, state.micro_batch_index = micro, i
-            state.micro_batch_weight = 1.0 if k == 1 else batch_size(micro) / total
+            state.micro_batch_weight = 1.0 if total == 1 else batch_size(micro) / total * world.size
+            if ddp is not None:
+                ddp.require_backward_grad_sync = i == k - 1   # what ddp.no_sync() sets: all-reduce on the last only
             if BEFORE_FORWARD in on: fire(BEFORE_FORWARD)                              # noqa: E701
             inputs, targets = batch_fn(state.micro_batch)
             with autocast:
@@ -522,10 +539,20 @@ class Trainer:
     def _log_train(self) -> None:
         state = self.state
         loss = state.read_train_loss()
+        if loss is not None and self.world.size > 1:
+            loss = self._sum_over_ranks(loss) / self.world.size   # each rank holds its weighted share
         if loss is not None:
             self.logger.log({"train/loss": loss, "train/lr": state.lr(), "train/epoch": state.timestamp.epoch,
                              "time/train_seconds": state.timestamp.train_seconds})
         self.logger.flush(state.timestamp.batch)
+
+    def _sum_over_ranks(self, *values: float) -> "float | tuple":
+        """The sums over all ranks (one all-reduce; at log and evaluation points only)."""
+        import torch.distributed as dist
+        t = torch.tensor(values, dtype=torch.float64, device=self.device)
+        dist.all_reduce(t)
+        out = tuple(t.tolist())
+        return out[0] if len(out) == 1 else out
 
     def _has_eval(self) -> bool:
         return self.eval_dataloader is not None
@@ -563,6 +590,8 @@ class Trainer:
         state = self.state
         what = "Ctrl-C" if self._signal_name == "sigint" else "SIGTERM"
         state.stop_training, state.stop_reason = True, self._signal_name or "sigterm"
+        if not self.world.is_main:
+            return
         if self.checkpointer is None:
             warnings.warn(f"{what} received: training stopped; no save_folder, so no checkpoint was written")
             return
@@ -582,11 +611,17 @@ class Trainer:
         metrics = {k: m.to(self.device) for k, m in self.metrics.items()}
         for m in metrics.values():
             m.reset()
+        train_forward, state.forward_model = state.forward_model, self._eval_model
         run(EVAL_START)
         loss_sum = torch.zeros((), device=self.device, dtype=torch.float64)
-        count = 0
+        count, world = 0, self.world
         for batch in dataloader:
-            state.batch = to_device(batch, self.device)
+            batch = to_device(batch, self.device)
+            if world.size > 1:   # each rank evaluates its share of every batch: every sample counted once
+                batch = shard_batch(batch, world.rank, world.size)
+                if batch_size(batch) == 0:
+                    continue
+            state.batch = batch
             run(EVAL_BATCH_START)
             inputs, targets = self.batch_fn(state.batch)
             with self.runtime.autocast():
@@ -606,13 +641,17 @@ class Trainer:
                     m.update(outputs.float() if outputs.is_floating_point() else outputs, targets)
             run(EVAL_BATCH_END)
         results = {}
+        total_loss = float(loss_sum)
+        if world.size > 1:   # metrics synchronise themselves in compute() (torchmetrics)
+            total_loss, count = self._sum_over_ranks(total_loss, float(count))
         if count:
-            results[f"{prefix}/loss"] = float(loss_sum) / count
+            results[f"{prefix}/loss"] = total_loss / count
         for name, m in metrics.items():
             results[f"{prefix}/{name}"] = float(m.compute())
         state.eval_metrics = results
         self.logger.log(results)
         run(EVAL_END)
+        state.forward_model = train_forward
         self.logger.flush(state.timestamp.batch)
         if was_training:
             state.model.train()

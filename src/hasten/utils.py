@@ -103,6 +103,21 @@ def split_batch(batch, n: int) -> list:
     return [batch] * n
 
 
+def shard_batch(batch, rank: int, world_size: int):
+    """Rank `rank`'s share of a (nested) batch of the whole world: the samples are split along
+    dim 0 into `world_size` contiguous parts, the first `len % world_size` one sample longer
+    (torch.tensor_split's rule), so every sample goes to exactly one rank and a batch that
+    does not divide by the world size loses nothing."""
+    if isinstance(batch, torch.Tensor):
+        return torch.tensor_split(batch, world_size)[rank] if batch.dim() else batch
+    if isinstance(batch, (list, tuple)):
+        parts = [shard_batch(b, rank, world_size) for b in batch]
+        return parts if isinstance(batch, list) else tuple(parts)
+    if isinstance(batch, dict):
+        return {k: shard_batch(v, rank, world_size) for k, v in batch.items()}
+    return batch
+
+
 def batch_size(batch) -> int:
     if isinstance(batch, torch.Tensor):
         return batch.shape[0]

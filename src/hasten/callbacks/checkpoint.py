@@ -79,6 +79,8 @@ def remove_owned(folder: Path, name: str) -> bool:
 
 
 class Checkpoint(Callback):
+    main_rank_only = True   # under data parallelism, rank 0 alone writes
+
     def __init__(self, folder: str, interval: "str | Time" = "1ep", keep_last: int | None = 2,
                  keep_best: int = 0, monitor: str | None = None, mode: str = "min",
                  io: CheckpointIO | None = None):

@@ -15,6 +15,8 @@ from ..loggers.base import fmt
 
 
 class ProgressBar(Callback):
+    main_rank_only = True   # under data parallelism, rank 0 alone writes
+
     def __init__(self, refresh_hz: float = 4.0, console: Console | None = None):
         self.period = 1.0 / refresh_hz
         self.console = console or Console(stderr=True, highlight=False)

@@ -1,0 +1,64 @@
+"""A small training job for the data-parallel tests: run it alone, or as each of N processes
+with torchrun's environment (RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT).
+
+    python ddp_job.py MODEL OUT.pt [GRAD_ACCUM]
+
+MODEL: mlp or gpt. Rank 0 writes the final weights, the evaluation and the logged training
+losses to OUT.pt."""
+import json
+import os
+import sys
+
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+sys.path.insert(0, os.path.dirname(__file__))
+from hasten import Trainer, make_runtime  # noqa: E402
+from hasten.loggers.base import LoggerDestination  # noqa: E402
+
+
+class Remember(LoggerDestination):
+    def __init__(self):
+        self.rows = []
+
+    def log_metrics(self, metrics, step):
+        self.rows.append({"step": step, **metrics})
+
+
+def main(model_name: str, out: str, grad_accum: int = 1) -> None:
+    torch.set_num_threads(1)
+    rt = make_runtime(device="cpu", seed=0, timeout_s=60)
+    g = torch.Generator().manual_seed(1)
+    if model_name == "mlp":
+        x, y = torch.randn(96, 8, generator=g), torch.randint(0, 4, (96,), generator=g)
+        ex, ey = torch.randn(33, 8, generator=g), torch.randint(0, 4, (33,), generator=g)   # 33: odd on purpose
+        model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+        from torchmetrics.classification import MulticlassAccuracy
+        metrics = {"acc": MulticlassAccuracy(4, average="micro")}
+        train = DataLoader(TensorDataset(x, y), batch_size=10, shuffle=True)   # shards of 5, or 3 and 2
+        evald = DataLoader(TensorDataset(ex, ey), batch_size=8)
+        opt = lambda m: torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9)   # noqa: E731
+    else:
+        from hasten.data import RandomWindows
+        from hasten.data.text import EvalWindows
+        from hasten.models.gpt import GPT, GPTConfig
+        tokens = torch.randint(0, 11, (2000,), generator=g)
+        model = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=16, vocab_size=11, block_size=16, dropout=0.0))
+        metrics = {}
+        train = RandomWindows(tokens[:1500], block_size=16, batch_size=6, seed=0)
+        evald = EvalWindows(tokens[1500:], block_size=16, batch_size=5)
+        opt = lambda m: torch.optim.AdamW(m.parameters(), lr=3e-3)   # noqa: E731
+    logger = Remember()
+    tr = Trainer(model, train, optimizers=opt, max_duration="12ba", eval_dataloader=evald, eval_interval="6ba",
+                 log_interval="3ba", metrics=metrics, loggers=[logger], runtime=rt, grad_accum=grad_accum)
+    tr.fit()
+    if rt.world.is_main:
+        torch.save({"weights": {k: v.clone() for k, v in tr.state.model.state_dict().items()},
+                    "eval": tr.state.eval_metrics, "logged": logger.rows, "world": rt.world.size,
+                    "samples": tr.state.timestamp.sample}, out)
+    rt.close()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2], int(sys.argv[3]) if len(sys.argv) > 3 else 1)

@@ -1,0 +1,53 @@
+"""Data-parallel training on CPU with gloo, two processes: the same run as one process with
+the same global batch (losses, weights, evaluation), every sample evaluated once."""
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+JOB = Path(__file__).parent / "helpers" / "ddp_job.py"
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _launch(tmp_path, model: str, world: int, grad_accum: int = 1) -> dict:
+    out = tmp_path / f"{model}-{world}-{grad_accum}.pt"
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE")}
+    env["PYTHONPATH"] = os.pathsep.join([str(JOB.parent)] + ([env["PYTHONPATH"]] if "PYTHONPATH" in env else []))
+    procs = []
+    port = _port()
+    for rank in range(world):
+        e = dict(env)
+        if world > 1:
+            e.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
+                     MASTER_PORT=str(port))
+        procs.append(subprocess.Popen([sys.executable, str(JOB), model, str(out), str(grad_accum)], env=e,
+                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    logs = [p.communicate(timeout=180)[0] for p in procs]
+    assert all(p.returncode == 0 for p in procs), "\n".join(logs)
+    return torch.load(out, weights_only=True)
+
+
+@pytest.mark.parametrize("model,grad_accum", [("mlp", 1), ("mlp", 2), ("gpt", 1)])
+def test_two_processes_equal_one_with_the_same_global_batch(tmp_path, model, grad_accum):
+    one = _launch(tmp_path, model, 1, grad_accum)
+    two = _launch(tmp_path, model, 2, grad_accum)
+    assert two["world"] == 2 and one["world"] == 1
+    assert two["samples"] == one["samples"]                   # the clock counts the global batch
+    for k, w in one["weights"].items():                        # float summation order differs: 1e-5
+        torch.testing.assert_close(two["weights"][k], w, rtol=1e-5, atol=1e-6)
+    l1 = [r["train/loss"] for r in one["logged"] if "train/loss" in r]
+    l2 = [r["train/loss"] for r in two["logged"] if "train/loss" in r]
+    assert len(l1) == len(l2) == 4 and l1 == pytest.approx(l2, rel=1e-5)
+    # evaluation: 33 samples (mlp) split unevenly over two ranks, each counted once
+    assert two["eval"]["val/loss"] == pytest.approx(one["eval"]["val/loss"], rel=1e-6)
+    if "val/acc" in one["eval"]:
+        assert two["eval"]["val/acc"] == one["eval"]["val/acc"]
