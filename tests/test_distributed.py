@@ -51,3 +51,25 @@ def test_two_processes_equal_one_with_the_same_global_batch(tmp_path, model, gra
     assert two["eval"]["val/loss"] == pytest.approx(one["eval"]["val/loss"], rel=1e-6)
     if "val/acc" in one["eval"]:
         assert two["eval"]["val/acc"] == one["eval"]["val/acc"]
+
+
+def test_every_packaged_algorithm_runs_under_ddp_or_is_refused_with_a_reason(tmp_path):
+    import json
+    sys.path.insert(0, str(JOB.parent))
+    import ddp_algorithms
+    from hasten.algorithms import REGISTRY
+    covered = {n.split("+")[0] for n in {**ddp_algorithms.VISION, **ddp_algorithms.LM}}
+    assert covered == set(REGISTRY), f"not exercised under DDP: {set(REGISTRY) - covered}"
+    out = tmp_path / "algos.json"
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE")}
+    port = _port()
+    procs = [subprocess.Popen([sys.executable, str(JOB.parent / "ddp_algorithms.py"), str(out)],
+                              env={**env, "RANK": str(r), "LOCAL_RANK": str(r), "WORLD_SIZE": "2",
+                                   "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)},
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for r in range(2)]
+    logs = [p.communicate(timeout=300)[0] for p in procs]
+    assert all(p.returncode == 0 for p in procs), "\n".join(logs)
+    results = json.loads(out.read_text())
+    refused = {n for n, v in results.items() if v.startswith("refused: ")}
+    assert refused == {"infobatch", "layer_freezing", "patch_whitening+train_bias_for"}, results
+    assert all(v == "ok" for n, v in results.items() if n not in refused), results   # and the ranks agree

@@ -30,9 +30,12 @@ class Record(Callback):
         self.algos, self.steps = algos, []
 
     def before_backward(self, state, logger):
-        mix = next((a._mix for a in self.algos if isinstance(a, (MixUp, CutMix))), None)
-        self.steps.append((state.loss.detach().clone(), state.outputs.detach().clone(),
-                           state.micro_batch[1].clone(), mix))
+        lam = next((a._mix for a in self.algos if isinstance(a, (MixUp, CutMix))), None)
+        targets, mix = state.micro_batch[1], None
+        if lam is not None:   # a mixed batch carries (targets, partner targets)
+            targets, partner = targets
+            mix = (partner.clone(), lam)
+        self.steps.append((state.loss.detach().clone(), state.outputs.detach().clone(), targets.clone(), mix))
 
 
 def _expected(outputs, targets, mix, smoothing):

@@ -368,3 +368,20 @@ def test_resnet_sizes_match_the_published_counts():
     assert count(resnet18()) == 11_689_512 and count(resnet50()) == 25_557_032   # torchvision's counts
     assert count(resnet18(10, "cifar")) == 11_173_962
     assert resnet50(10, "cifar", width=8)(torch.randn(2, 3, 32, 32)).shape == (2, 10)
+
+
+@pytest.mark.parametrize("mixer", ["mixup", "cutmix"])
+def test_a_mixed_batch_split_into_micro_batches_keeps_each_sample_with_its_partner(mixer):
+    """grad_accum=2 gives the step of grad_accum=1: the partner targets travel in the batch
+    (before, the whole batch's partners were paired with a micro-batch's outputs and failed)."""
+    x, y = _img_batch(16)
+    weights = []
+    for k in (1, 2):
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.ReLU(), nn.Flatten(), nn.Linear(4 * 8 * 8, 4))  # no BN
+        algo = MixUp(alpha=0.4) if mixer == "mixup" else CutMix()
+        Trainer(model, [(x, y)], device="cpu", max_duration="1ba", grad_accum=k, algorithms=[algo],
+                optimizers=lambda m: torch.optim.SGD(m.parameters(), lr=0.5)).fit()
+        weights.append([p.detach().clone() for p in model.parameters()])
+    for a, b in zip(*weights):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)

@@ -199,7 +199,10 @@ class Trainer:
         if precision == "fp16-mixed":
             self.state.scaler = torch.amp.GradScaler(self.device.type)
         self._ddp = None
-        if self.world.data_parallel:   # after INIT: model surgery is done; DDP broadcasts rank 0's weights
+        if self.world.data_parallel:
+            refused = [f"{a.name}: {a.ddp_refusal()}" for a in self.state.algorithms if a.ddp_refusal()]
+            if refused:
+                raise ValueError("cannot train data-parallel with " + "; ".join(refused))   # after INIT: model surgery is done; DDP broadcasts rank 0's weights
             from torch.nn.parallel import DistributedDataParallel
             self._ddp = DistributedDataParallel(model, device_ids=[self.device.index] if self.device.type == "cuda" else None)
         self.state.forward_model = self._compile(self._ddp or model, compile)

@@ -256,6 +256,10 @@ class InfoBatch(Algorithm):
         self.pruner: InfoBatchPruner | None = None
         self._pending: dict | None = None
 
+    def ddp_refusal(self):
+        return ("its per-sample scores are kept by each rank for its share only, so ranks would prune "
+                "different samples; not supported under DDP yet")
+
     def fit_start(self, state, logger):
         loader = state.train_dataloader
         if self.pruner is None:

@@ -33,6 +33,10 @@ class LayerFreezing(Algorithm):
             raise ValueError(f"start must lie before the end of the run, got {start}")
         self.frozen = 0
 
+    def ddp_refusal(self):
+        return ("it stops gradients of layers part-way through the run, which DDP's gradient buckets, "
+                "built for the parameters trainable at the start, do not allow; drop it under DDP")
+
     def batch_start(self, state, logger):
         p, start = state.progress, state.fraction_of(self.start)
         if p < start:

@@ -37,7 +37,7 @@ class _MixAlgorithm(Algorithm):
         if alpha <= 0 or not 0.0 <= prob <= 1.0:
             raise ValueError(f"need alpha > 0 and 0 <= prob <= 1, got alpha={alpha}, prob={prob}")
         self.alpha, self.prob = alpha, prob
-        self._mix = None   # (y_b, lam) of the current batch
+        self._mix = None   # lam of the current batch (None: not mixed); the partner targets travel in the batch
 
     def _draw(self, state, n):
         seed = derive_seed(state.seed, state.timestamp.batch, 11)
@@ -60,8 +60,8 @@ class _MixAlgorithm(Algorithm):
         def mixed(outputs, targets):
             if self._mix is None:
                 return loss_fn(outputs, targets)
-            y_b, lam = self._mix
-            return mixed_loss(loss_fn, outputs, targets, y_b, lam)
+            y, y_b = targets   # (targets, partner targets), sliced with the batch into micro-batches and shares
+            return mixed_loss(loss_fn, outputs, y, y_b, self._mix)
         mixed.mixed_by = self.name
         return mixed
 
@@ -76,8 +76,10 @@ class _MixAlgorithm(Algorithm):
             self._mix = None
             return
         x, lam = self.mix(x, y, lam, perm, rng)
-        self._mix = (y[perm], lam)
-        state.batch = (x, y, *batch[2:])
+        self._mix = lam
+        # the partner targets ride in the batch, so splitting it into micro-batches (grad_accum)
+        # or into ranks' shares (data parallelism) keeps every sample with its own partner
+        state.batch = (x, (y, y[perm]), *batch[2:])
 
 
 class MixUp(_MixAlgorithm):

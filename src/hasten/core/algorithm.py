@@ -56,6 +56,11 @@ class Algorithm:
         """
         return loss_fn
 
+    def ddp_refusal(self) -> str | None:
+        """Why this algorithm (with these arguments) cannot run under data parallelism yet, or
+        None when it can. The Trainer refuses it at start, with the reason, under DDP."""
+        return None
+
     def state_dict(self) -> dict:
         return {}
 

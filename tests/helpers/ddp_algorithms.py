@@ -1,0 +1,80 @@
+"""Every packaged algorithm for a few steps under data parallelism (run as each of N
+processes with torchrun's environment, or alone). Rank 0 writes {name: "ok" | "refused: ..."}.
+
+    python ddp_algorithms.py OUT.json
+"""
+import json
+import sys
+
+import torch
+from torch import nn
+
+from hasten import Trainer, make_runtime
+from hasten.algorithms import REGISTRY
+from hasten.models import MODELS
+from hasten.models.gpt import GPT, GPTConfig
+
+LM = {"chunked_cross_entropy": {"chunk_size": 32}, "low_precision_layernorm": {},
+      "seq_len_warmup": {"start": 4, "step": 4, "duration": "0.5dur"}, "batch_size_warmup": {"duration": "0.5dur"}}
+VISION = {"activation_swap": {"old": "relu", "new": "gelu"}, "blurpool": {"min_channels": 4}, "channels_last": {},
+          "cutmix": {}, "cutout": {"size": 4}, "delay": {"seconds": 0.0}, "dirac_init": {}, "ema": {"half_life": "0.5dur"},
+          "frozen_bn_scale": {}, "ghost_batchnorm": {"ghost_size": 2}, "gradient_clipping": {},
+          "infobatch": {}, "label_smoothing": {}, "layer_freezing": {}, "lookahead": {"k": 2}, "mixup": {},
+          "patch_whitening": {"num_images": 16}, "patch_whitening+train_bias_for": {"num_images": 16, "train_bias_for": "2ba"},
+          "pool_reorder": {}, "progressive_resizing": {}, "proxy_selection": {"proxy": {"name": "resnet9", "width": 4}},
+          "sam": {}, "selective_backprop": {},
+          "stochastic_depth": {"drop_rate": 0.2}, "swa": {"start": 0.5, "bn_batches": 2}, "tta": {"final_only": False}}
+
+
+def vision_run(name, params, rt):
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(48, 3, 16, 16, generator=g), torch.randint(0, 10, (48,), generator=g)
+    if name == "infobatch":
+        from hasten.data import TensorPairs, make_dataloader
+        data = make_dataloader(TensorPairs(x, y), 8, shuffle=True, seed=0, num_workers=0)   # InfoBatch adds indices
+    else:
+        data = [(x[i:i + 8], y[i:i + 8]) for i in range(0, 48, 8)]
+    algo = REGISTRY[name.split("+")[0]](**params)
+    model = (MODELS["speedrun"](widths=(8, 16, 16)) if name.startswith("patch_whitening")
+             else MODELS["resnet9"](width=8))
+    return Trainer(model, data, max_duration="4ba", eval_dataloader=data[:2] if isinstance(data, list) else None,
+                   eval_interval="2ba", algorithms=[algo], runtime=rt,
+                   optimizers=lambda m: torch.optim.SGD(m.parameters(), lr=0.01, momentum=0.9))
+
+
+def lm_run(name, params, rt):
+    from hasten.data import RandomWindows
+    tokens = torch.randint(0, 11, (600,), generator=torch.Generator().manual_seed(0))
+    model = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=16, vocab_size=11, block_size=16, dropout=0.0))
+    return Trainer(model, RandomWindows(tokens, 16, 8, seed=0), max_duration="4ba",
+                   algorithms=[REGISTRY[name](**params)], runtime=rt)
+
+
+def main(out):
+    torch.set_num_threads(1)
+    rt = make_runtime(device="cpu", seed=0, timeout_s=60)
+    results = {}
+    for name, params in {**VISION, **LM}.items():
+        try:
+            tr = (lm_run if name in LM else vision_run)(name, params, rt)
+            tr.fit()
+        except Exception as e:   # refusals and failures are reported, so one run shows them all
+            refused = isinstance(e, ValueError) and "data-parallel" in str(e)
+            results[name] = ("refused: " if refused else f"error: {type(e).__name__}: ") + str(e)
+            continue
+        w = torch.cat([p.detach().flatten() for p in tr.state.model.parameters()])
+        results[name] = "ok" if torch.isfinite(w).all() else "non-finite weights"
+        if rt.world.size > 1:   # the ranks hold the same weights after each run
+            import torch.distributed as dist
+            ws = [torch.zeros_like(w) for _ in range(rt.world.size)]
+            dist.all_gather(ws, w)
+            if not all(torch.equal(ws[0], v) for v in ws[1:]):
+                results[name] = "ranks disagree"
+    if rt.world.is_main:
+        with open(out, "w") as f:
+            json.dump(results, f)
+    rt.close()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
