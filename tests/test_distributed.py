@@ -73,3 +73,25 @@ def test_every_packaged_algorithm_runs_under_ddp_or_is_refused_with_a_reason(tmp
     refused = {n for n, v in results.items() if v.startswith("refused: ")}
     assert refused == {"infobatch", "layer_freezing", "patch_whitening+train_bias_for"}, results
     assert all(v == "ok" for n, v in results.items() if n not in refused), results   # and the ranks agree
+
+
+def test_per_rank_batch_norm_is_ghost_batch_norm_of_the_per_rank_batch(tmp_path):
+    """Two processes at global batch 8 normalise each share of 4 on its own: the same training
+    as one process with ghost batch norm of 4 (weights; running statistics differ, DDP keeps
+    rank 0's)."""
+    ghost = _launch(tmp_path, "convbn-ghost4", 1)
+    two = _launch(tmp_path, "convbn", 2)
+    plain = _launch(tmp_path, "convbn", 1)
+    for k, w in ghost["weights"].items():
+        if "running" in k or "num_batches" in k:
+            continue
+        torch.testing.assert_close(two["weights"][k.replace(".bn.", ".")], w, rtol=1e-5, atol=1e-6)   # ghost BN wraps the BN
+    assert not torch.allclose(plain["weights"]["0.weight"], two["weights"]["0.weight"], rtol=1e-5, atol=1e-6)
+
+
+def test_sync_batchnorm_on_the_cpu_is_refused_with_the_reason():
+    from hasten import Trainer
+    from hasten.runtime import Runtime, World
+    rt = Runtime(torch.device("cpu"), "fp32", 0, 1, "default", world=World(parallelism="ddp"))
+    with pytest.raises(ValueError, match="sync_batchnorm needs CUDA.*ghost batch norm"):
+        Trainer(torch.nn.Sequential(torch.nn.Linear(2, 2)), [], runtime=rt, sync_batchnorm=True)

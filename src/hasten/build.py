@@ -205,7 +205,8 @@ def _trainer(recipe: Recipe, built: Built, algorithms: list, run_dir: Path, runt
             loss_fn=built.loss_fn, max_duration=t.max_duration, eval_interval=t.eval_interval,
             log_interval=t.log_interval, metrics=built.metrics, algorithms=algorithms, callbacks=callbacks,
             loggers=loggers, runtime=runtime, compile=t.compile, grad_accum=t.grad_accum,
-            grad_clip_norm=t.grad_clip_norm, load_path=t.load_path, autoresume=t.autoresume)
+            grad_clip_norm=t.grad_clip_norm, load_path=t.load_path, autoresume=t.autoresume,
+            sync_batchnorm=t.sync_batchnorm)
     except ValueError as e:
         if isinstance(e, ConfigError):
             raise

@@ -71,6 +71,8 @@ class TrainerConfig:
     """torch.set_num_threads; default: leave as it is."""
     parallelism: Literal["auto", "none", "ddp"] = "auto"
     """How processes launched by torchrun train together: ddp (data-parallel), none, or auto (ddp with more than one process)."""
+    sync_batchnorm: bool = False
+    """Under ddp: batch norm over the whole global batch (torch SyncBatchNorm, CUDA only); off: each rank's share (ghost batch norm)."""
     dist_timeout_s: float = setting(600.0, gt=0)
     """Bound on every collective: a lost rank stops the others with an error after this many seconds."""
     host_allocator: Literal["auto", "tuned", "default"] = "auto"

@@ -91,6 +91,8 @@ class Trainer:
     loss_fn: `loss_fn(outputs, targets)` returning per-sample (or per-token) losses, or a
         scalar. The Trainer reduces: the mean over all samples of the step, across
         micro-batches, so grad_accum=k equals one batch k times larger.
+    sync_batchnorm: under data parallelism, normalise batch-norm layers over the whole global
+        batch (torch.nn.SyncBatchNorm, CUDA only in torch 2.13) instead of each rank's share.
     host_allocator: 'default' (the default) leaves glibc malloc as it is; 'auto' tunes its
         thresholds when training on the CPU (what `hasten train` does), 'tuned' whatever the
         device (see hasten.allocator).
@@ -126,6 +128,7 @@ class Trainer:
         checkpoint_io: CheckpointIO | None = None,
         host_allocator: str | None = None,
         runtime: Runtime | None = None,
+        sync_batchnorm: bool = False,
     ):
         if not isinstance(grad_accum, int) or grad_accum < 1:
             raise ValueError(f"grad_accum must be a whole number >= 1, got {grad_accum!r}")
@@ -198,11 +201,17 @@ class Trainer:
         self.state.schedulers = self._build_schedulers(schedulers)
         if precision == "fp16-mixed":
             self.state.scaler = torch.amp.GradScaler(self.device.type)
-        self._ddp = None
-        if self.world.data_parallel:
+        self._ddp, model = None, self.state.model
+        if self.world.data_parallel:   # after INIT: model surgery is done; DDP broadcasts rank 0's weights
             refused = [f"{a.name}: {a.ddp_refusal()}" for a in self.state.algorithms if a.ddp_refusal()]
             if refused:
-                raise ValueError("cannot train data-parallel with " + "; ".join(refused))   # after INIT: model surgery is done; DDP broadcasts rank 0's weights
+                raise ValueError("cannot train data-parallel with " + "; ".join(refused))
+            if sync_batchnorm:
+                if self.device.type != "cuda":
+                    raise ValueError("sync_batchnorm needs CUDA (torch's SyncBatchNorm refuses CPU tensors); on the "
+                                     "CPU each rank normalises its own share, which is ghost batch norm of the "
+                                     "per-rank batch: leave sync_batchnorm off")
+                model = self.state.model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)   # same parameters
             from torch.nn.parallel import DistributedDataParallel
             self._ddp = DistributedDataParallel(model, device_ids=[self.device.index] if self.device.type == "cuda" else None)
         self.state.forward_model = self._compile(self._ddp or model, compile)

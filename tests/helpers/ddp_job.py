@@ -3,7 +3,8 @@ with torchrun's environment (RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, MASTER_P
 
     python ddp_job.py MODEL OUT.pt [GRAD_ACCUM]
 
-MODEL: mlp or gpt. Rank 0 writes the final weights, the evaluation and the logged training
+MODEL: mlp, gpt, convbn (a conv net with batch norm), or convbn-ghost4 (the same with ghost
+batch norm of 4 samples, the per-rank batch of two processes). Rank 0 writes the final weights, the evaluation and the logged training
 losses to OUT.pt."""
 import json
 import os
@@ -39,6 +40,14 @@ def main(model_name: str, out: str, grad_accum: int = 1) -> None:
         train = DataLoader(TensorDataset(x, y), batch_size=10, shuffle=True)   # shards of 5, or 3 and 2
         evald = DataLoader(TensorDataset(ex, ey), batch_size=8)
         opt = lambda m: torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9)   # noqa: E731
+    elif model_name.startswith("convbn"):
+        x, y = torch.randn(64, 3, 8, 8, generator=g), torch.randint(0, 4, (64,), generator=g)
+        model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(), nn.Flatten(),
+                              nn.Linear(8 * 8 * 8, 4))
+        metrics = {}
+        train = DataLoader(TensorDataset(x, y), batch_size=8, shuffle=True)
+        evald = None
+        opt = lambda m: torch.optim.SGD(m.parameters(), lr=0.05)   # noqa: E731
     else:
         from hasten.data import RandomWindows
         from hasten.data.text import EvalWindows
@@ -50,8 +59,13 @@ def main(model_name: str, out: str, grad_accum: int = 1) -> None:
         evald = EvalWindows(tokens[1500:], block_size=16, batch_size=5)
         opt = lambda m: torch.optim.AdamW(m.parameters(), lr=3e-3)   # noqa: E731
     logger = Remember()
+    algos = []
+    if model_name == "convbn-ghost4":
+        from hasten.algorithms import GhostBatchNormAlgorithm
+        algos = [GhostBatchNormAlgorithm(ghost_size=4)]
     tr = Trainer(model, train, optimizers=opt, max_duration="12ba", eval_dataloader=evald, eval_interval="6ba",
-                 log_interval="3ba", metrics=metrics, loggers=[logger], runtime=rt, grad_accum=grad_accum)
+                 log_interval="3ba", metrics=metrics, loggers=[logger], runtime=rt, grad_accum=grad_accum,
+                 algorithms=algos)
     tr.fit()
     if rt.world.is_main:
         torch.save({"weights": {k: v.clone() for k, v in tr.state.model.state_dict().items()},
