@@ -18,7 +18,7 @@ def _port() -> int:
         return s.getsockname()[1]
 
 
-def _launch(tmp_path, model: str, world: int, grad_accum: int = 1) -> dict:
+def _launch(tmp_path, model: str, world: int, grad_accum: int = 1, extra: tuple = ()) -> dict:
     out = tmp_path / f"{model}-{world}-{grad_accum}.pt"
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE")}
     env["PYTHONPATH"] = os.pathsep.join([str(JOB.parent)] + ([env["PYTHONPATH"]] if "PYTHONPATH" in env else []))
@@ -29,7 +29,7 @@ def _launch(tmp_path, model: str, world: int, grad_accum: int = 1) -> dict:
         if world > 1:
             e.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
                      MASTER_PORT=str(port))
-        procs.append(subprocess.Popen([sys.executable, str(JOB), model, str(out), str(grad_accum)], env=e,
+        procs.append(subprocess.Popen([sys.executable, str(JOB), model, str(out), str(grad_accum), *extra], env=e,
                                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
     logs = [p.communicate(timeout=180)[0] for p in procs]
     assert all(p.returncode == 0 for p in procs), "\n".join(logs)
@@ -95,3 +95,30 @@ def test_sync_batchnorm_on_the_cpu_is_refused_with_the_reason():
     rt = Runtime(torch.device("cpu"), "fp32", 0, 1, "default", world=World(parallelism="ddp"))
     with pytest.raises(ValueError, match="sync_batchnorm needs CUDA.*ghost batch norm"):
         Trainer(torch.nn.Sequential(torch.nn.Linear(2, 2)), [], runtime=rt, sync_batchnorm=True)
+
+
+def test_a_signal_to_one_rank_stops_every_rank_at_the_same_step_with_one_checkpoint(tmp_path):
+    import json
+    save = tmp_path / "ckpt"
+    _launch(tmp_path, "mlp", 2, 1, ("5", str(save)))
+    ranks = [json.loads((tmp_path / f"mlp-2-1.pt.rank{r}.json").read_text()) for r in range(2)]
+    # rank 1 saw SIGTERM at batch 5; the ranks' vote of batch 5 is read at the end of batch 6
+    assert [r["batch"] for r in ranks] == [6, 6] and all(r["stop_reason"] == "sigterm" for r in ranks)
+    assert ranks[0]["last_checkpoint"] and Path(ranks[0]["last_checkpoint"]).name == "ep0-ba6.pt"
+    assert sorted(p.name for p in save.iterdir() if p.suffix == ".pt") == ["ep0-ba6.pt"]
+
+
+def test_a_rank_that_dies_stops_the_other_with_an_error_naming_it():
+    import time
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE")}
+    port = _port()
+    t0 = time.monotonic()
+    procs = [subprocess.Popen([sys.executable, str(JOB.parent / "ddp_die.py")],
+                              env={**env, "RANK": str(r), "LOCAL_RANK": str(r), "WORLD_SIZE": "2",
+                                   "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)},
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for r in range(2)]
+    out0 = procs[0].communicate(timeout=120)[0]
+    procs[1].communicate(timeout=30)
+    assert procs[1].returncode == -9
+    assert procs[0].returncode == 1 and "rank 1 of the run is gone" in out0, out0
+    assert time.monotonic() - t0 < 60   # within the collective timeout (30 s), not a hang

@@ -8,6 +8,7 @@ step and loss seams), and everything that watches happens in a Callback.
 from __future__ import annotations
 
 import math
+import os
 import signal
 import sys
 import threading
@@ -66,6 +67,21 @@ def loss_fault(error: Exception | None, outputs, targets, returned: Any = None) 
     return TrainingError(f"the loss function failed on the model's outputs ({_describe(outputs)}) and the "
                          f"targets ({_describe(targets)}): {type(error).__name__}: {str(error).rstrip('.')}. Check that the "
                          "model's outputs fit the loss (e.g. logits (batch, classes) with class-index targets)")
+
+
+def _process_alive(pid: int) -> bool:
+    """Whether process `pid` runs (a zombie, dead but not yet reaped, does not)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return True
 
 
 def _default_token_count(targets) -> int:
@@ -219,6 +235,15 @@ class Trainer:
         self.state.batch_fn, self.state.autocast = batch_fn, runtime.autocast
 
         self._signal = threading.Event()   # SIGTERM or a first Ctrl-C: save at the end of this step, stop
+        self._votes = self._vote_work = self._vote_box = None
+        if self.world.size > 1:   # a CPU (gloo) group for the ranks' stop votes, whatever the device
+            import socket
+
+            import torch.distributed as dist
+            self._votes = dist.new_group(backend="gloo")
+            # where each rank runs, so that a rank that dies can be named by the others (same machine)
+            dist.distributed_c10d._get_default_store().set(f"hasten/rank{self.world.rank}",
+                                                           f"{socket.gethostname()} {os.getpid()}")
         self._signal_name = None
         self._evaluated_at: int | None = None   # batch of the last evaluation during fit
         latest = load_latest(self.save_folder, self.checkpointer.io) if autoresume else None
@@ -348,6 +373,13 @@ class Trainer:
                 if self._run_epoch(batches):
                     self._end_epoch()
             self._finish()
+        except RuntimeError as e:
+            lost = self._lost_ranks() if self.world.size > 1 else []
+            if not lost:
+                raise
+            raise TrainingError(f"rank {self.world.rank}: rank {', '.join(map(str, lost))} of the run is gone "
+                                f"(a collective failed: {str(e).splitlines()[0][:200]}); stopping. The last good "
+                                f"checkpoint: {state.last_checkpoint or 'none'}") from e
         finally:
             self._restore_signals(old_handlers)
             if self.checkpointer is not None:
@@ -470,7 +502,7 @@ class Trainer:
         if ts.batch < self._next_due:   # no log, evaluation or end of a batch-counted run is due
             if BATCH_END in on: run(BATCH_END)                                         # noqa: E701
             if CHECKPOINT in on: run(CHECKPOINT)                                       # noqa: E701
-            return self._signal.is_set() and self._stop_on_signal() or state.stop_training
+            return (self._votes is not None or self._signal.is_set()) and self._stop_on_signal() or state.stop_training
         progress = state.progress if self._intervals_need_progress else 0.0
         state.log_due = self.log_interval.due(ts, progress)
         eval_due = self.eval_interval.due(ts, progress) and self._has_eval()
@@ -487,12 +519,52 @@ class Trainer:
         return self._stop_on_signal() or state.is_done() or state.stop_training
 
     def _stop_on_signal(self) -> bool:
-        """True (after saving a checkpoint) when SIGTERM or a first Ctrl-C arrived."""
+        """True (after saving a checkpoint) when SIGTERM or a first Ctrl-C arrived. Under data
+        parallelism a signal may reach the ranks at different steps (or one rank only), so they
+        vote: each step end starts a small asynchronous all-reduce of "a signal arrived here"
+        and reads the previous step's, so every rank stops, and rank 0 saves, at the same step."""
+        if self._votes is not None:
+            if not self._agree_on_signal():
+                return False
+            self._signal.set()
         if self._signal.is_set():
             if not self.state.stop_training:
                 self._save_on_signal()
             return True
         return False
+
+    def _lost_ranks(self) -> list[int]:
+        """The other ranks on this machine whose process is gone (ranks elsewhere cannot be
+        checked from here)."""
+        import socket
+
+        import torch.distributed as dist
+        lost, host = [], socket.gethostname()
+        try:
+            store = dist.distributed_c10d._get_default_store()
+        except Exception:
+            return []
+        for r in range(self.world.size):
+            if r == self.world.rank:
+                continue
+            try:
+                where, pid = store.get(f"hasten/rank{r}").decode().rsplit(" ", 1)
+            except Exception:
+                continue
+            if where == host and not _process_alive(int(pid)):
+                lost.append(r)
+        return lost
+
+    def _agree_on_signal(self) -> bool:
+        """The ranks' vote of the previous step end (the same answer on every rank); starts this one's."""
+        import torch.distributed as dist
+        agreed = False
+        if self._vote_work is not None:
+            self._vote_work.wait()   # started a whole step ago: long done
+            agreed = bool(self._vote_box.item())
+        self._vote_box = torch.tensor([int(self._signal.is_set())], dtype=torch.int32)
+        self._vote_work = dist.all_reduce(self._vote_box, op=dist.ReduceOp.MAX, group=self._votes, async_op=True)
+        return agreed
 
     def _next_batch_due(self) -> float:
         """The next batch count at which a batch end must check the log and eval intervals

@@ -27,7 +27,7 @@ class Remember(LoggerDestination):
         self.rows.append({"step": step, **metrics})
 
 
-def main(model_name: str, out: str, grad_accum: int = 1) -> None:
+def main(model_name: str, out: str, grad_accum: int = 1, sigterm_rank1_at: int = 0, save: str = "") -> None:
     torch.set_num_threads(1)
     rt = make_runtime(device="cpu", seed=0, timeout_s=60)
     g = torch.Generator().manual_seed(1)
@@ -63,10 +63,23 @@ def main(model_name: str, out: str, grad_accum: int = 1) -> None:
     if model_name == "convbn-ghost4":
         from hasten.algorithms import GhostBatchNormAlgorithm
         algos = [GhostBatchNormAlgorithm(ghost_size=4)]
+    if sigterm_rank1_at and rt.world.rank == 1:   # a signal that reaches one rank only
+        import signal
+
+        from hasten import Algorithm
+
+        class Term(Algorithm):
+            def batch_end(self, state, logger):
+                if state.timestamp.batch == sigterm_rank1_at:
+                    os.kill(os.getpid(), signal.SIGTERM)
+        algos.append(Term())
     tr = Trainer(model, train, optimizers=opt, max_duration="12ba", eval_dataloader=evald, eval_interval="6ba",
                  log_interval="3ba", metrics=metrics, loggers=[logger], runtime=rt, grad_accum=grad_accum,
-                 algorithms=algos)
+                 algorithms=algos, save_folder=save or None, save_interval="100ba")
     tr.fit()
+    with open(f"{out}.rank{rt.world.rank}.json", "w") as f:
+        json.dump({"batch": tr.state.timestamp.batch, "stop_reason": tr.state.stop_reason,
+                   "last_checkpoint": tr.state.last_checkpoint}, f)
     if rt.world.is_main:
         torch.save({"weights": {k: v.clone() for k, v in tr.state.model.state_dict().items()},
                     "eval": tr.state.eval_metrics, "logged": logger.rows, "world": rt.world.size,
@@ -75,4 +88,5 @@ def main(model_name: str, out: str, grad_accum: int = 1) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2], int(sys.argv[3]) if len(sys.argv) > 3 else 1)
+    main(sys.argv[1], sys.argv[2], int(sys.argv[3]) if len(sys.argv) > 3 else 1,
+         int(sys.argv[4]) if len(sys.argv) > 4 else 0, sys.argv[5] if len(sys.argv) > 5 else "")
