@@ -18,9 +18,11 @@ def _port() -> int:
         return s.getsockname()[1]
 
 
-def _launch(tmp_path, model: str, world: int, grad_accum: int = 1, extra: tuple = ()) -> dict:
-    out = tmp_path / f"{model}-{world}-{grad_accum}.pt"
+def _launch(tmp_path, model: str, world: int, grad_accum: int = 1, extra: tuple = (), job_env=None,
+            expect_killed: bool = False, tag: str = "") -> dict | None:
+    out = tmp_path / f"{model}-{world}-{grad_accum}{tag}.pt"
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE")}
+    env.update(job_env or {})
     env["PYTHONPATH"] = os.pathsep.join([str(JOB.parent)] + ([env["PYTHONPATH"]] if "PYTHONPATH" in env else []))
     procs = []
     port = _port()
@@ -32,11 +34,14 @@ def _launch(tmp_path, model: str, world: int, grad_accum: int = 1, extra: tuple 
         procs.append(subprocess.Popen([sys.executable, str(JOB), model, str(out), str(grad_accum), *extra], env=e,
                                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
     logs = [p.communicate(timeout=180)[0] for p in procs]
+    if expect_killed:
+        assert all(p.returncode == -9 for p in procs), "\n".join(logs)
+        return None
     assert all(p.returncode == 0 for p in procs), "\n".join(logs)
     return torch.load(out, weights_only=True)
 
 
-@pytest.mark.parametrize("model,grad_accum", [("mlp", 1), ("mlp", 2), ("gpt", 1)])
+@pytest.mark.parametrize("model,grad_accum", [("mlp", 2), ("gpt", 1)])   # mlp: unequal shares (3 and 2)
 def test_two_processes_equal_one_with_the_same_global_batch(tmp_path, model, grad_accum):
     one = _launch(tmp_path, model, 1, grad_accum)
     two = _launch(tmp_path, model, 2, grad_accum)
@@ -122,3 +127,20 @@ def test_a_rank_that_dies_stops_the_other_with_an_error_naming_it():
     assert procs[1].returncode == -9
     assert procs[0].returncode == 1 and "rank 1 of the run is gone" in out0, out0
     assert time.monotonic() - t0 < 60   # within the collective timeout (30 s), not a hang
+
+
+def test_a_killed_two_process_run_resumes_under_two_and_under_one(tmp_path):
+    """Killed with SIGKILL after batch 7 (checkpoint at batch 4): resumed with two processes
+    it ends as the uninterrupted run; with one process, as the uninterrupted run to 1e-5."""
+    whole = _launch(tmp_path, "mlp", 2, tag="-whole")
+    for resume_world in (2, 1):
+        save = tmp_path / f"ckpt-{resume_world}"
+        job = {"JOB_SAVE_EVERY": "4ba"}
+        _launch(tmp_path, "mlp", 2, extra=("0", str(save)), job_env={**job, "JOB_KILL_AT": "7"}, expect_killed=True,
+                tag=f"-killed{resume_world}")
+        assert sorted(p.name for p in save.iterdir() if p.suffix == ".pt") == ["ep0-ba4.pt"]
+        resumed = _launch(tmp_path, "mlp", resume_world, extra=("0", str(save)), job_env={**job, "JOB_RESUME": "1"},
+                          tag=f"-resumed{resume_world}")
+        for k, w in whole["weights"].items():
+            torch.testing.assert_close(resumed["weights"][k], w, rtol=1e-5, atol=1e-6)
+        assert resumed["eval"]["val/acc"] == whole["eval"]["val/acc"]

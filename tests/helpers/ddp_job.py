@@ -73,9 +73,21 @@ def main(model_name: str, out: str, grad_accum: int = 1, sigterm_rank1_at: int =
                 if state.timestamp.batch == sigterm_rank1_at:
                     os.kill(os.getpid(), signal.SIGTERM)
         algos.append(Term())
+    kill_at = int(os.environ.get("JOB_KILL_AT", 0))   # every rank SIGKILLs itself after this batch's checkpoint point
+    if kill_at:
+        import signal
+
+        from hasten import Algorithm
+
+        class Kill(Algorithm):
+            def checkpoint(self, state, logger):
+                if state.timestamp.batch == kill_at:
+                    os.kill(os.getpid(), signal.SIGKILL)
+        algos.append(Kill())
     tr = Trainer(model, train, optimizers=opt, max_duration="12ba", eval_dataloader=evald, eval_interval="6ba",
                  log_interval="3ba", metrics=metrics, loggers=[logger], runtime=rt, grad_accum=grad_accum,
-                 algorithms=algos, save_folder=save or None, save_interval="100ba")
+                 algorithms=algos, save_folder=save or None, save_interval=os.environ.get("JOB_SAVE_EVERY", "100ba"),
+                 autoresume=bool(save) and os.environ.get("JOB_RESUME") == "1")
     tr.fit()
     with open(f"{out}.rank{rt.world.rank}.json", "w") as f:
         json.dump({"batch": tr.state.timestamp.batch, "stop_reason": tr.state.stop_reason,
