@@ -144,3 +144,14 @@ def test_a_killed_two_process_run_resumes_under_two_and_under_one(tmp_path):
         for k, w in whole["weights"].items():
             torch.testing.assert_close(resumed["weights"][k], w, rtol=1e-5, atol=1e-6)
         assert resumed["eval"]["val/acc"] == whole["eval"]["val/acc"]
+
+
+def test_bench_runs_each_run_data_parallel_with_nproc(tmp_path):
+    import json
+
+    from hasten.cli import main
+    tiny = Path(__file__).parent / "helpers" / "tiny_lm.yaml"
+    assert main(["bench", str(tiny), "trainer.max_duration=10ba", "--nproc", "2", "--target", "val/loss<=@first-worst",
+                 "--seeds", "1", "--out", str(tmp_path), "--name", "b"]) == 0
+    (run,) = [json.loads(ln) for ln in (tmp_path / "b" / "runs.jsonl").read_text().splitlines()]
+    assert run["status"] == "finished" and run["final"]["world_size"] == 2 and run["final"]["batch"] == 10

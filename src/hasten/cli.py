@@ -116,6 +116,8 @@ def _check_bench_input(args, specs: list) -> None:
     Target.parse(args.target)
     if args.seeds < 1:
         raise ConfigError(f"--seeds {args.seeds}: give at least 1 run per recipe")
+    if args.nproc < 1:
+        raise ConfigError(f"--nproc {args.nproc}: give at least 1 process")
     if args.cap is not None and not args.cap > 0:
         raise ConfigError(f"--cap {args.cap}: give a positive number of seconds")
     if args.eval_every:
@@ -169,7 +171,7 @@ def _cmd_bench(args) -> int:
             out_dir = Path(args.out) / (args.name or "-vs-".join(Path(s.recipe).stem for s in specs))
             console.print(f"bench: {len(specs)} recipe(s) x {len(seeds)} seed(s), interleaved; target {target}; "
                           f"results in {out_dir}")
-            runs = run_comparison(specs, seeds, out_dir, args.cap, console)
+            runs = run_comparison(specs, seeds, out_dir, args.cap, console, args.nproc)
             write_report(runs, [s.label for s in specs], target, out_dir, args.title or "hasten bench", command)
             print((out_dir / "report.md").read_text())
             console.print(f"report: {out_dir / 'report.md'} (JSON: report.json, plot: report.png, runs: runs.jsonl)")
@@ -202,7 +204,7 @@ def _bench_ladder(args, steps, specs_text, target, seeds, command, console):
     out_dir = Path(args.out) / (args.name or f"ladder-{ends[0]}-to-{ends[1]}")
     console.print(f"ladder: {len(steps)} rows ({', '.join(n for n, _ in steps)}), {len(seeds)} seed(s) each, "
                   f"cap {args.cap or 'none'} s per run; results in {out_dir}")
-    runs = run_comparison([s for _, s in steps], seeds, out_dir, args.cap, console)
+    runs = run_comparison([s for _, s in steps], seeds, out_dir, args.cap, console, args.nproc)
     tgt = resolve_target(target, runs, "baseline")
     md, rows = ladder_markdown(runs, steps, tgt, f"Ladder: {specs_text[0]} to {args.ladder}", command)
     png = ladder_plot(rows, out_dir / "ladder.png")
@@ -251,6 +253,8 @@ def make_parser() -> argparse.ArgumentParser:
     b.add_argument("--name", help="sub-folder name for this comparison")
     b.add_argument("--title", help="report title")
     b.add_argument("--ladder", metavar="TARGET_RECIPE", help="ladder from the first recipe to this one")
+    b.add_argument("--nproc", type=int, default=1, metavar="N", help="train every run data-parallel in N processes "
+                   "on this machine (under torchrun; default 1)")
     b.add_argument("--order", help="ladder step order, comma-separated step names")
     b.set_defaults(func=_cmd_bench)
     r = sub.add_parser("recipes", help="list the packaged recipes")

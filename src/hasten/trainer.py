@@ -291,8 +291,9 @@ class Trainer:
 
     # ------------------------------------------------------------------ adding and describing
     def add_callbacks(self, *callbacks) -> None:
-        """Add callbacks after the Trainer is built (they observe from the next event on)."""
-        self.state.callbacks.extend(callbacks)
+        """Add callbacks after the Trainer is built (they observe from the next event on); under
+        data parallelism those that write (`main_rank_only`) run on rank 0 only."""
+        self.state.callbacks.extend(c for c in callbacks if self.world.is_main or not getattr(c, "main_rank_only", False))
         self.engine.rebuild()
 
     def add_algorithms(self, *algorithms) -> None:

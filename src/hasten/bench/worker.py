@@ -102,7 +102,8 @@ def main(spec_path: str, out_path: str) -> int:
         "trainer.tensorboard=false", "trainer.checkpoints=false"]
     t0 = time.perf_counter()
     recipe = load_recipe(spec["recipe"], overrides)
-    with open(out_path, "a") as out:
+    main_rank = int(os.environ.get("RANK", "0")) == 0   # under torchrun (bench --nproc) rank 0 alone records
+    with open(out_path if main_rank else os.devnull, "a") as out:
         run = build_run(recipe, progress_bar=False, console_logger=False)
         data_setup_s = time.perf_counter() - t0
         rec = BenchRecorder(out)
@@ -124,6 +125,7 @@ def main(spec_path: str, out_path: str) -> int:
             "data_setup_s": data_setup_s, "method_setup_s": float(state.extra.get("bench/method_setup_s", 0.0)),
             "fit_wall_s": fit_wall, "total_wall_s": time.perf_counter() - t0, "peak_memory_bytes": peak,
             "stop_reason": state.stop_reason, "device": str(state.device), "machine": machine(),
+            "world_size": state.runtime.world.size,
             "code": code_version()}) + "\n")
     return 0
 
