@@ -96,7 +96,7 @@ def test_first_worst_target_is_reached_by_every_first_run_and_misses_are_censore
 def test_runs_interleave_and_a_rerun_continues(tmp_path, monkeypatch):
     calls = []
 
-    def fake(spec, seed, out_dir, cap_s=None):
+    def fake(spec, seed, out_dir, cap_s=None, nproc=1):
         calls.append((spec.label, seed))
         return _run(spec.label, seed, [(1.0, 0.5)])
 

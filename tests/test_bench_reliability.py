@@ -39,7 +39,7 @@ def test_interrupted_and_failed_runs_are_not_counted_and_are_rerun(tmp_path, mon
     (out / "runs.jsonl").write_text("".join(json.dumps(r) + "\n" for r in old))
     calls = []
 
-    def fake(spec, seed, out_dir, cap_s=None):
+    def fake(spec, seed, out_dir, cap_s=None, nproc=1):
         calls.append(seed)
         return _record(spec.label, seed, "finished")
 
