@@ -111,25 +111,42 @@ def build_run(recipe: Recipe, progress_bar: bool | None = None, console_logger: 
     runtime = recipe_runtime(recipe)   # seeds too: the model below is initialised under the run's seed
     algorithms = build_algorithms(recipe)
     run_dir = Path(t.run_dir) if t.run_dir else default_run_dir(recipe)
-    if runtime.world.size > 1:
-        return _build_rank(recipe, runtime, algorithms, _same_on_every_rank(run_dir), progress_bar,
-                           console_logger, force)
-    created = [p for p in (run_dir, *run_dir.parents) if not p.exists()]   # the folders this run makes, deepest first
-    lock = FolderLock(ensure_writable_dir(run_dir, "run folder"), "run folder").acquire()
-    try:
-        changes = check_run_folder(recipe, run_dir, force)
-        built = TASKS[recipe.task].build(recipe, runtime)
-        trainer = _trainer(recipe, built, algorithms, run_dir, runtime, progress_bar, console_logger)
-        write_run_folder(recipe, run_dir, changes, force)
-    except BaseException:
-        lock.release()
-        if created:   # a run that never started leaves no folder behind: only its own lock file was in it
+    world = runtime.world
+    if world.size > 1:   # data parallelism: rank 0 prepares and writes the folder, the others build the same run
+        run_dir = _same_on_every_rank(run_dir)
+    created, lock, changes, error = [], None, None, None
+
+    def undo() -> None:
+        """A run that never started leaves no folder behind: only its own lock file was in it."""
+        if lock is not None:
+            lock.release()
+        if created:
             (run_dir / LOCK_NAME).unlink(missing_ok=True)
             for folder in created:
                 try:
                     folder.rmdir()
                 except OSError:
                     break   # something else is in it now: leave it
+
+    if world.is_main:
+        created = [p for p in (run_dir, *run_dir.parents) if not p.exists()]   # the folders this run makes, deepest first
+        try:
+            lock = FolderLock(ensure_writable_dir(run_dir, "run folder"), "run folder").acquire()
+            changes = check_run_folder(recipe, run_dir, force)
+        except BaseException as e:
+            error = e
+    if world.size > 1:
+        _stop_every_rank_if_main_failed(error)
+    if error is not None:
+        undo()
+        raise error
+    try:
+        built = TASKS[recipe.task].build(recipe, runtime)
+        trainer = _trainer(recipe, built, algorithms, run_dir, runtime, progress_bar, console_logger)
+        if world.is_main:
+            write_run_folder(recipe, run_dir, changes, force)
+    except BaseException:
+        undo()
         raise
     return Run(recipe=recipe, trainer=trainer, built=built, run_dir=run_dir, lock=lock)
 
@@ -143,37 +160,14 @@ def _same_on_every_rank(run_dir: Path) -> Path:
     return Path(box[0])
 
 
-def _build_rank(recipe: Recipe, runtime: Runtime, algorithms: list, run_dir: Path, progress_bar,
-                console_logger: bool, force: bool) -> Run:
-    """build_run under data parallelism: rank 0 checks, locks and writes the run folder (as
-    one process does); the other ranks wait for it, then build the same run and write nothing."""
+def _stop_every_rank_if_main_failed(error: BaseException | None) -> None:
+    """Rank 0 tells the others whether it could prepare the run folder; if not, they stop too
+    (rank 0 raises its own error)."""
     import torch.distributed as dist
-    lock, error = None, None
-    if runtime.world.is_main:
-        try:
-            lock = FolderLock(ensure_writable_dir(run_dir, "run folder"), "run folder").acquire()
-            changes = check_run_folder(recipe, run_dir, force)
-        except BaseException as e:   # told to the other ranks, so they stop too
-            error = e
     box = [None if error is None else f"{type(error).__name__}: {error}"]
     dist.broadcast_object_list(box, src=0)
-    if error is not None:
-        if lock is not None:
-            lock.release()
-        raise error
-    if box[0] is not None:
+    if error is None and box[0] is not None:
         raise ConfigError(f"rank 0 could not prepare the run folder: {box[0]}")
-    try:
-        built = TASKS[recipe.task].build(recipe, runtime)
-        trainer = _trainer(recipe, built, algorithms, run_dir, runtime, progress_bar and runtime.world.is_main,
-                           console_logger and runtime.world.is_main)
-        if runtime.world.is_main:
-            write_run_folder(recipe, run_dir, changes, force)
-    except BaseException:
-        if lock is not None:
-            lock.release()
-        raise
-    return Run(recipe=recipe, trainer=trainer, built=built, run_dir=run_dir, lock=lock)
 
 
 def _trainer(recipe: Recipe, built: Built, algorithms: list, run_dir: Path, runtime: Runtime, progress_bar,

@@ -153,8 +153,8 @@ class OptimizerConfig:
         """Whether the chosen optimizer reads the sub-section `family` (sgd, adam or muon)."""
         if family == "muon":
             return self.name == "muon"
-        if self.name == "muon":
-            return self.muon.others == {"adam": "adamw"}.get(family, family)
+        if self.name == "muon":   # the rest goes to adamw (the adam sub-section) or sgd
+            return family == ("adam" if self.muon.others == "adamw" else "sgd")
         return self.name in {"sgd": ("sgd", "sgdw"), "adam": ("adam", "adamw")}[family]
 
 
@@ -175,7 +175,7 @@ def nest_optimizer_keys(opt: dict, where: str, warn: bool = True) -> dict:
     written by 0.1 are read silently). A key given both ways is an error."""
     if not isinstance(opt, dict):
         return opt
-    out = {k: (dict(v) if isinstance(v, dict) and k in ("sgd", "adam", "muon") else v) for k, v in opt.items()}
+    out = {k: (dict(v) if isinstance(v, dict) and k in OPTIMIZER_FAMILIES else v) for k, v in opt.items()}
     for old, (family, new) in FLAT_OPTIMIZER_KEYS.items():
         if old not in out:
             continue
@@ -188,9 +188,15 @@ def nest_optimizer_keys(opt: dict, where: str, warn: bool = True) -> dict:
                               f"keep optimizer.{family}.{new}")
         section[new] = value
         if warn:
-            warnings.warn(f"recipe {where}: optimizer.{old} is deprecated, use optimizer.{family}.{new}",
-                          FutureWarning, stacklevel=2)
+            _warn_flat_key(f"recipe {where}", old)
     return out
+
+
+def _warn_flat_key(where: str, old: str) -> list[str]:
+    """Warn that optimizer.OLD (a hasten 0.1 flat key) moved; its keys now."""
+    family, new = FLAT_OPTIMIZER_KEYS[old]
+    warnings.warn(f"{where}: optimizer.{old} is deprecated, use optimizer.{family}.{new}", FutureWarning, stacklevel=3)
+    return ["optimizer", family, new]
 
 
 @dataclass
@@ -337,10 +343,7 @@ def load_recipe(name_or_path: str, overrides: list[str] = ()) -> Recipe:
     for text in overrides:
         keys, value = parse_override(text)
         if len(keys) == 2 and keys[0] == "optimizer" and keys[1] in FLAT_OPTIMIZER_KEYS:   # 0.1's flat key
-            family, new = FLAT_OPTIMIZER_KEYS[keys[1]]
-            warnings.warn(f"override {text}: optimizer.{keys[1]} is deprecated, use optimizer.{family}.{new}",
-                          FutureWarning, stacklevel=2)
-            keys = ["optimizer", family, new]
+            keys = _warn_flat_key(f"override {text}", keys[1])
         apply_override(raw, keys, value)
     raw.setdefault("name", name)
     return validate(raw)

@@ -191,8 +191,7 @@ class Trainer:
         # under data parallelism rank 0 alone writes: the callbacks that write (progress,
         # checkpoints) and the loggers run there only; every rank reads checkpoints to resume
         if not self.world.is_main:
-            callbacks = [c for c in callbacks if not getattr(c, "main_rank_only", False)]
-            loggers = []
+            callbacks, loggers = self._on_this_rank(callbacks), []
         self.save_folder = save_folder if save_folder is not None else (
             str(self.checkpointer.folder) if self.checkpointer else None)
         if autoresume and not self.save_folder:
@@ -235,7 +234,8 @@ class Trainer:
         self.state.batch_fn, self.state.autocast = batch_fn, runtime.autocast
 
         self._signal = threading.Event()   # SIGTERM or a first Ctrl-C: save at the end of this step, stop
-        self._votes = self._vote_work = self._vote_box = None
+        self._votes = self._vote_work = None
+        self._vote_box = torch.zeros(1, dtype=torch.int32)   # reused every step: filled only after the last vote is read
         if self.world.size > 1:   # a CPU (gloo) group for the ranks' stop votes, whatever the device
             import socket
 
@@ -293,8 +293,12 @@ class Trainer:
     def add_callbacks(self, *callbacks) -> None:
         """Add callbacks after the Trainer is built (they observe from the next event on); under
         data parallelism those that write (`main_rank_only`) run on rank 0 only."""
-        self.state.callbacks.extend(c for c in callbacks if self.world.is_main or not getattr(c, "main_rank_only", False))
+        self.state.callbacks.extend(self._on_this_rank(callbacks))
         self.engine.rebuild()
+
+    def _on_this_rank(self, callbacks) -> list:
+        """The callbacks that run on this rank: all on rank 0, those that do not write elsewhere."""
+        return [c for c in callbacks if self.world.is_main or not getattr(c, "main_rank_only", False)]
 
     def add_algorithms(self, *algorithms) -> None:
         """Add algorithms after the Trainer is built, before fit. One that listens to INIT
@@ -563,7 +567,7 @@ class Trainer:
         if self._vote_work is not None:
             self._vote_work.wait()   # started a whole step ago: long done
             agreed = bool(self._vote_box.item())
-        self._vote_box = torch.tensor([int(self._signal.is_set())], dtype=torch.int32)
+        self._vote_box.fill_(int(self._signal.is_set()))
         self._vote_work = dist.all_reduce(self._vote_box, op=dist.ReduceOp.MAX, group=self._votes, async_op=True)
         return agreed
 
