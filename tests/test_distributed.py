@@ -155,3 +155,13 @@ def test_bench_runs_each_run_data_parallel_with_nproc(tmp_path):
                  "--seeds", "1", "--out", str(tmp_path), "--name", "b"]) == 0
     (run,) = [json.loads(ln) for ln in (tmp_path / "b" / "runs.jsonl").read_text().splitlines()]
     assert run["status"] == "finished" and run["final"]["world_size"] == 2 and run["final"]["batch"] == 10
+
+
+def test_nproc_refuses_an_algorithm_ddp_cannot_run_before_any_process_starts(tmp_path, capsys):
+    from hasten.cli import main
+    tiny = Path(__file__).parent / "helpers" / "tiny_lm.yaml"
+    run = tmp_path / "run"
+    assert main(["train", str(tiny), "algorithms.infobatch={}", f"trainer.run_dir={run}", "--nproc", "2"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "cannot train data-parallel with InfoBatch" in err
+    assert not run.exists()

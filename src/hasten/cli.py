@@ -49,7 +49,7 @@ def _cmd_train(args) -> int:
         print(yaml.safe_dump(to_dict(recipe), sort_keys=False), end="")
         return 0
     if args.nproc is not None and "WORLD_SIZE" not in os.environ:
-        return _launch_torchrun(args)
+        return _launch_torchrun(args, recipe)
     if args.print_events:   # the run built for real (data included) in a folder that is then removed
         import tempfile
         with tempfile.TemporaryDirectory(prefix="hasten-events-") as tmp:
@@ -94,12 +94,19 @@ def _cmd_train(args) -> int:
     return 0
 
 
-def _launch_torchrun(args) -> int:
+def _launch_torchrun(args, recipe) -> int:
     """`hasten train --nproc N ...`: the same command under torchrun on this machine (a thin
-    convenience; on several machines call torchrun yourself, see docs/distributed.md)."""
+    convenience; on several machines call torchrun yourself, see docs/distributed.md). What can
+    be refused is refused here, once, before any process starts."""
     import subprocess
+
+    from .build import build_algorithms
+    from .core.algorithm import ddp_refusal_message
     if args.nproc < 1:
         raise ConfigError(f"--nproc {args.nproc}: give at least 1 process")
+    refused = ddp_refusal_message(build_algorithms(recipe)) if args.nproc > 1 else None
+    if refused:
+        raise ConfigError(refused)
     argv = [a for i, a in enumerate(args.argv) if a != "--nproc" and not a.startswith("--nproc=")
             and not (i > 0 and args.argv[i - 1] == "--nproc")]
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={args.nproc}",

@@ -21,6 +21,7 @@ import torch.nn.functional as F
 
 from .checkpoint import CheckpointIO, load_latest, restore, save
 from .core import Algorithm, Engine, Event, Interval, State, Time, TimeUnit
+from .core.algorithm import ddp_refusal_message
 from .data.resumable import epoch_iterator
 from .errors import TrainingError
 from .loggers import LogHub
@@ -218,9 +219,9 @@ class Trainer:
             self.state.scaler = torch.amp.GradScaler(self.device.type)
         self._ddp, model = None, self.state.model
         if self.world.data_parallel:   # after INIT: model surgery is done; DDP broadcasts rank 0's weights
-            refused = [f"{a.name}: {a.ddp_refusal()}" for a in self.state.algorithms if a.ddp_refusal()]
+            refused = ddp_refusal_message(self.state.algorithms)
             if refused:
-                raise ValueError("cannot train data-parallel with " + "; ".join(refused))
+                raise ValueError(refused)
             if sync_batchnorm:
                 if self.device.type != "cuda":
                     raise ValueError("sync_batchnorm needs CUDA (torch's SyncBatchNorm refuses CPU tensors); on the "

@@ -85,6 +85,13 @@ class Algorithm:
                 setattr(cls, event.value, (lambda ev: lambda self, state, logger: self.apply(ev, state, logger))(event))
 
 
+def ddp_refusal_message(algorithms) -> str | None:
+    """One message naming every algorithm that cannot run data-parallel, with its reason; None
+    when all can (the Trainer refuses at start with it; `hasten train --nproc` before launching)."""
+    refused = [f"{a.name}: {a.ddp_refusal()}" for a in algorithms if a.ddp_refusal()]
+    return "cannot train data-parallel with " + "; ".join(refused) if refused else None
+
+
 for _event in Event:
     setattr(Algorithm, _event.value, _noop)
 del _event
