@@ -387,6 +387,12 @@ class Trainer:
                                 f"(a collective failed: {str(e).splitlines()[0][:200]}); stopping. The last good "
                                 f"checkpoint: {state.last_checkpoint or 'none'}") from e
         finally:
+            if self._vote_work is not None:   # the last step's vote, still in flight: finish it before the
+                try:                          # process group can be torn down (else gloo aborts the process)
+                    self._vote_work.wait()
+                except RuntimeError:
+                    pass                      # a lost rank: already reported above
+                self._vote_work = None
             self._restore_signals(old_handlers)
             if self.checkpointer is not None:
                 self.checkpointer.release()
