@@ -214,20 +214,26 @@ def test_long_labels_that_share_a_prefix_get_their_own_logs(tmp_path, monkeypatc
 def test_harness_detects_a_known_slowdown_and_not_a_phantom_one(tmp_path, capsys):
     """Real runs in their own processes: the same recipe against itself must give a ratio
     near 1.0 (not its 95% interval containing 1.0, which fails 1 run in 20 by construction
-    and more with order effects on a shared machine); with a 10 ms per-step delay the
-    interval must exclude 1.0."""
-    code = main(["bench", str(TINY), str(TINY), f"{TINY}+algorithms.delay.seconds=0.01", "--target",
+    and more with order effects on a shared machine); a recipe that sleeps twice as long per
+    step must be found slower, with an interval that excludes 1.0.
+
+    Every recipe sleeps 30 ms a step, so a run's timed work (40 steps) is about 1.2 s of sleep
+    and about 0.1 s of compute: a ratio of two such runs measures the harness's accounting,
+    not the load of a shared machine (runs of 0.1 s of pure compute once gave 1.23 here)."""
+    base = f"{TINY}+algorithms.delay.seconds=0.03"
+    slower = f"{TINY}+algorithms.delay.seconds=0.06"
+    code = main(["bench", base, base, slower, "--target",
                  "val/loss<=3.99", "--seeds", "3", "--out", str(tmp_path), "--name", "t"])
     assert code == 0
     res = json.loads((tmp_path / "t" / "report.json").read_text())
-    same = res["recipes"]["tiny_lm #2"]["speedup_timed_duration"]
-    slow = res["recipes"]["tiny_lm+algorithms.delay.seconds=0.01"]["speedup_timed_duration"]
+    same = res["recipes"]["tiny_lm+algorithms.delay.seconds=0.03 #2"]["speedup_timed_duration"]
+    slow = res["recipes"]["tiny_lm+algorithms.delay.seconds=0.06"]["speedup_timed_duration"]
     assert 0.85 <= same["ratio"] <= 1.15 and same["low"] < same["ratio"] < same["high"], same
     assert slow["high"] < 1.0, slow
-    # 40 steps of 10 ms: the slowed runs take at least 0.4 s more per run
+    # 40 steps of 30 ms more: the slowed runs take at least 1.2 s more per run
     td = {k: v["timed_duration_s"]["mean"] for k, v in res["recipes"].items()}
-    assert td["tiny_lm+algorithms.delay.seconds=0.01"] - td["tiny_lm"] >= 0.38
-    assert "| tiny_lm | " in capsys.readouterr().out
+    assert td[slower.replace(str(TINY), "tiny_lm")] - td["tiny_lm+algorithms.delay.seconds=0.03"] >= 1.15
+    assert "| tiny_lm+algorithms.delay.seconds=0.03 | " in capsys.readouterr().out
     # every run also recorded its progress at log points (every 10 batches of 40 here)
     runs = [json.loads(ln) for ln in (tmp_path / "t" / "runs.jsonl").read_text().splitlines()]
     assert all(r["progress"]["batch"] == 40 and 0 < r["progress"]["train_s"] <= r["final"]["train_s"] for r in runs)
