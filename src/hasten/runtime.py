@@ -119,9 +119,15 @@ class Runtime:
                 f"{self.threads} threads, host allocator {self.host_allocator}{world}")
 
     def close(self) -> None:
-        """Leave the process group if make_runtime joined it."""
+        """Leave the process group if make_runtime joined it, after every rank is done with its
+        collectives (a rank that tears the group down while another still finishes its last
+        one can make gloo abort that process)."""
         import torch.distributed as dist
         if self.world.owns_group and dist.is_available() and dist.is_initialized():
+            try:
+                dist.barrier()
+            except RuntimeError:
+                pass   # a lost rank: leave anyway
             dist.destroy_process_group()
 
 
