@@ -123,8 +123,8 @@ def _check_bench_input(args, specs: list) -> None:
     Target.parse(args.target)
     if args.seeds < 1:
         raise ConfigError(f"--seeds {args.seeds}: give at least 1 run per recipe")
-    if args.nproc < 1:
-        raise ConfigError(f"--nproc {args.nproc}: give at least 1 process")
+    if args.ladder and len(args.nproc) > 1:
+        raise ConfigError(f"--nproc {','.join(map(str, args.nproc))}: a ladder runs at one world size; give one number")
     if args.cap is not None and not args.cap > 0:
         raise ConfigError(f"--cap {args.cap}: give a positive number of seconds")
     if args.eval_every:
@@ -159,9 +159,10 @@ def _cmd_bench(args) -> int:
     if args.ladder:
         from .bench.ladder import ladder_specs
         steps = ladder_specs(specs_text[0], args.ladder, args.order.split(",") if args.order else None, shared, last)
+        steps = [(name, _at_world_sizes([spec], args.nproc[:1])[0]) for name, spec in steps]
         specs = [s for _, s in steps]
     else:
-        specs = unique_labels([Spec.parse(t, shared, last) for t in specs_text])
+        specs = _at_world_sizes(unique_labels([Spec.parse(t, shared, last) for t in specs_text]), args.nproc)
     _check_bench_input(args, specs)
     target = Target.parse(args.target)
     got = {}
@@ -178,7 +179,7 @@ def _cmd_bench(args) -> int:
             out_dir = Path(args.out) / (args.name or "-vs-".join(Path(s.recipe).stem for s in specs))
             console.print(f"bench: {len(specs)} recipe(s) x {len(seeds)} seed(s), interleaved; target {target}; "
                           f"results in {out_dir}")
-            runs = run_comparison(specs, seeds, out_dir, args.cap, console, args.nproc)
+            runs = run_comparison(specs, seeds, out_dir, args.cap, console)
             write_report(runs, [s.label for s in specs], target, out_dir, args.title or "hasten bench", command)
             print((out_dir / "report.md").read_text())
             console.print(f"report: {out_dir / 'report.md'} (JSON: report.json, plot: report.png, runs: runs.jsonl)")
@@ -200,6 +201,26 @@ def _cmd_bench(args) -> int:
     return 0
 
 
+def _nproc_list(text: str) -> list[int]:
+    """--nproc N or N,M,...: each a whole number of processes >= 1."""
+    try:
+        counts = [int(x) for x in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: give a number of processes, or several joined by commas (1,2)") from None
+    if any(n < 1 for n in counts):
+        raise argparse.ArgumentTypeError(f"{text!r}: give at least 1 process")
+    return counts
+
+
+def _at_world_sizes(specs: list, counts: list[int]) -> list:
+    """Every spec at every world size of --nproc (in the order given); labels name the size
+    when there are several ('RECIPE x2proc'), so a run at 2 processes is compared with 1."""
+    from dataclasses import replace
+    if len(counts) == 1:
+        return [replace(s, nproc=counts[0]) for s in specs]
+    return [replace(s, label=f"{s.label} x{n}proc", nproc=n) for s in specs for n in counts]
+
+
 def _bench_ladder(args, steps, specs_text, target, seeds, command, console):
     import json
     from pathlib import Path
@@ -211,7 +232,7 @@ def _bench_ladder(args, steps, specs_text, target, seeds, command, console):
     out_dir = Path(args.out) / (args.name or f"ladder-{ends[0]}-to-{ends[1]}")
     console.print(f"ladder: {len(steps)} rows ({', '.join(n for n, _ in steps)}), {len(seeds)} seed(s) each, "
                   f"cap {args.cap or 'none'} s per run; results in {out_dir}")
-    runs = run_comparison([s for _, s in steps], seeds, out_dir, args.cap, console, args.nproc)
+    runs = run_comparison([s for _, s in steps], seeds, out_dir, args.cap, console)
     tgt = resolve_target(target, runs, "baseline")
     md, rows = ladder_markdown(runs, steps, tgt, f"Ladder: {specs_text[0]} to {args.ladder}", command)
     png = ladder_plot(rows, out_dir / "ladder.png")
@@ -260,8 +281,9 @@ def make_parser() -> argparse.ArgumentParser:
     b.add_argument("--name", help="sub-folder name for this comparison")
     b.add_argument("--title", help="report title")
     b.add_argument("--ladder", metavar="TARGET_RECIPE", help="ladder from the first recipe to this one")
-    b.add_argument("--nproc", type=int, default=1, metavar="N", help="train every run data-parallel in N processes "
-                   "on this machine (under torchrun; default 1)")
+    b.add_argument("--nproc", type=_nproc_list, default=[1], metavar="N[,M...]", help="train every run "
+                   "data-parallel in N processes on this machine (under torchrun; default 1); several sizes, "
+                   "e.g. 1,2, run every recipe at each, side by side")
     b.add_argument("--order", help="ladder step order, comma-separated step names")
     b.set_defaults(func=_cmd_bench)
     r = sub.add_parser("recipes", help="list the packaged recipes")

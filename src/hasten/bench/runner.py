@@ -41,6 +41,7 @@ class Spec:
     label: str
     recipe: str
     overrides: list[str] = field(default_factory=list)
+    nproc: int = 1   # processes per run (data-parallel under torchrun when > 1)
 
     @classmethod
     def parse(cls, text: str, shared: list[str] = (), last: list[str] = ()) -> "Spec":
@@ -151,7 +152,7 @@ def _last_error(log: Path) -> str | None:
     return (errors or lines or [None])[-1]
 
 
-def run_one(spec: Spec, seed: int, out_dir: Path, cap_s: float | None = None, nproc: int = 1) -> dict:
+def run_one(spec: Spec, seed: int, out_dir: Path, cap_s: float | None = None) -> dict:
     """Train one (spec, seed) in a fresh process; returns its record. A KeyboardInterrupt
     while it runs stops the worker and comes back as a record with status 'interrupted'
     and the `interrupt` key set."""
@@ -171,8 +172,8 @@ def run_one(spec: Spec, seed: int, out_dir: Path, cap_s: float | None = None, np
                                          "run_dir": str(Path(run_dir) / "run")}))
         t0 = time.perf_counter()
         with open(log_path, "w") as log:
-            launch = ([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}"]
-                      if nproc > 1 else [sys.executable])   # data-parallel runs: the worker under torchrun
+            launch = ([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={spec.nproc}"]
+                      if spec.nproc > 1 else [sys.executable])   # data-parallel runs: the worker under torchrun
             proc = subprocess.Popen([*launch, "-m", "hasten.bench.worker", str(spec_file), str(out)],
                                     stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
                                     env={**os.environ, "PYTHONUNBUFFERED": "1"})
@@ -202,7 +203,7 @@ def run_one(spec: Spec, seed: int, out_dir: Path, cap_s: float | None = None, np
 
 
 def run_comparison(specs: list[Spec], seeds: list[int], out_dir: Path, cap_s: float | None = None,
-                   console: Console | None = None, nproc: int = 1) -> list[dict]:
+                   console: Console | None = None) -> list[dict]:
     """Run every spec for every seed, interleaved, skipping runs that runs.jsonl already
     holds as finished or capped. Raises BenchInterrupted (after recording the stopped run
     as interrupted) when a KeyboardInterrupt arrives."""
@@ -219,7 +220,7 @@ def run_comparison(specs: list[Spec], seeds: list[int], out_dir: Path, cap_s: fl
         task = progress.add_task("", total=len(todo))
         for i, (spec, seed) in enumerate(todo):
             progress.update(task, description=f"{spec.label} seed {seed}")
-            record = run_one(spec, seed, out_dir, cap_s, nproc)
+            record = run_one(spec, seed, out_dir, cap_s)
             with open(runs_file, "a") as f:
                 f.write(json.dumps(record) + "\n")
                 f.flush()
