@@ -4,7 +4,9 @@ Early layers converge first (Raghu et al., 2017, SVCCA); freezing them saves the
 gradients and optimizer updates. From `start` (a fraction of the run) the first parameter
 tensors, in model order, are frozen so that the frozen share grows linearly to `fraction`
 at the end. Frozen tensors get `requires_grad=False`: autograd does not compute their
-weight gradients and the optimizer skips them.
+weight gradients and the optimizer skips them. Under DDP the Trainer builds DDP with
+`find_unused_parameters=True` (a walk of the autograd graph per step) so that it does not
+wait for the frozen tensors' gradients.
 
 Functional form: `freeze_first(model, fraction)` returns how many tensors are frozen.
 """
@@ -33,9 +35,9 @@ class LayerFreezing(Algorithm):
             raise ValueError(f"start must lie before the end of the run, got {start}")
         self.frozen = 0
 
-    def ddp_refusal(self):
-        return ("it stops gradients of layers part-way through the run, which DDP's gradient buckets, "
-                "built for the parameters trainable at the start, do not allow; drop it under DDP")
+    def ddp_options(self):
+        # parameters frozen part-way through: DDP must not wait for their gradients
+        return {"find_unused_parameters": True}
 
     def batch_start(self, state, logger):
         p, start = state.progress, state.fraction_of(self.start)

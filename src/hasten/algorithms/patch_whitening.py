@@ -85,11 +85,9 @@ class PatchWhitening(Algorithm):
         self.train_bias_for = Time.parse(train_bias_for) if train_bias_for is not None else None
         self._conv: nn.Conv2d | None = None
 
-    def ddp_refusal(self):
-        if self.train_bias_for is not None:
-            return ("train_bias_for freezes the whitening bias part-way through the run, which DDP's gradient "
-                    "buckets do not allow; set algorithms.patch_whitening.train_bias_for=null under DDP")
-        return None
+    def ddp_options(self):
+        # train_bias_for freezes the whitening bias part-way through: DDP must not wait for its gradient
+        return {"find_unused_parameters": True} if self.train_bias_for is not None else {}
 
     def batch_start(self, state, logger):
         if (self.train_bias_for is not None and self._conv is not None and self._conv.bias.requires_grad

@@ -61,6 +61,12 @@ class Algorithm:
         None when it can. The Trainer refuses it at start, with the reason, under DDP."""
         return None
 
+    def ddp_options(self) -> dict:
+        """Keyword arguments this algorithm needs DistributedDataParallel built with, e.g.
+        `{"find_unused_parameters": True}` for one that freezes parameters part-way through the
+        run (DDP otherwise waits for their gradients forever). The default asks for nothing."""
+        return {}
+
     def state_dict(self) -> dict:
         return {}
 
