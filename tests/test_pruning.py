@@ -197,7 +197,7 @@ def _spawn_ranks(rank, world, port, out):
     mine = torch.arange(rank, 16, world)              # each rank scores its own shard
     p.update((mine.float() + 1) ** 2, mine)
     p.start_epoch(1)
-    out[rank] = (p.scores.clone(), p.kept.clone(), p.epoch_order(1).clone())
+    out[rank] = (p.state_dict()["scores"].clone(), p.kept.clone(), p.epoch_order(1).clone())
     dist.destroy_process_group()
 
 

@@ -16,8 +16,10 @@ with index operations (no host synchronisation per step; one per epoch, to learn
 epoch's length); no PyTorch class is patched; no global random state is used or changed
 (the plan comes from a generator seeded by (seed, epoch)); nothing is pruned before every
 sample has a score; epochs may change length (hasten schedules follow the progress of the
-run, so they still end where they should); under torch.distributed, scores are averaged
-over ranks before planning, so every rank draws the same plan and takes its shard.
+run, so they still end where they should). Under torch.distributed every rank records
+every rank's losses (one all-gather of the step's losses and sample indices per micro-batch,
+no host synchronisation), so all ranks hold the same scores at every step, draw the same plan
+and save the same state: a data-parallel run prunes exactly the samples one process would.
 """
 from __future__ import annotations
 
@@ -81,7 +83,8 @@ class InfoBatchPruner:
         self.rank = rank if rank is not None else (dist.get_rank() if ready else 0)
         self.world_size = world_size if world_size is not None else (dist.get_world_size() if ready else 1)
         self.device = torch.device(device) if device is not None else None
-        self.scores = self.seen = self.touched = None
+        # scores and seen have one spare slot at the end: padding of the ranks' all-gather lands there
+        self.scores = self.seen = None
         self.kept: torch.Tensor | None = None          # None: the whole dataset this epoch
         self.weights: torch.Tensor | None = None
         self.count = self.num_samples
@@ -96,9 +99,8 @@ class InfoBatchPruner:
     # ------------------------------------------------------------------ storage
     def _allocate(self, device) -> None:
         self.device = torch.device(device)
-        self.scores = torch.zeros(self.num_samples, device=self.device)
-        self.seen = torch.zeros(self.num_samples, dtype=torch.bool, device=self.device)
-        self.touched = torch.zeros(self.num_samples, dtype=torch.bool, device=self.device)
+        self.scores = torch.zeros(self.num_samples + 1, device=self.device)
+        self.seen = torch.zeros(self.num_samples + 1, dtype=torch.bool, device=self.device)
 
     def indices(self) -> torch.Tensor | None:
         """The selector protocol of hasten's loaders: this epoch's samples, or None for all."""
@@ -110,26 +112,13 @@ class InfoBatchPruner:
             progress = epoch / self.num_epochs if self.num_epochs else 0.0
         return self.prune_ratio > 0 and progress < self.delta and self.scores is not None
 
-    def _sync_scores(self) -> None:
-        dist = torch.distributed
-        if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
-            return
-        num = torch.where(self.touched, self.scores, 0.0)
-        den = self.touched.float()
-        dist.all_reduce(num)
-        dist.all_reduce(den)
-        self.scores = torch.where(den > 0, num / den.clamp_min(1), self.scores)
-        self.seen |= den > 0
-
     def start_epoch(self, epoch: int, progress: float | None = None) -> dict:
         """Plan `epoch`: which samples it trains on and with what weights. Returns its counts."""
         self.epoch = int(epoch)
-        if self.scores is not None:
-            self._sync_scores()
-            self.touched.zero_()
         if self.pruning_at(epoch, progress):
             g = torch.Generator(device=self.device).manual_seed(derive_seed(self.seed, epoch, 7))
-            self.kept, self.weights = infobatch_plan(self.scores, self.seen, self.prune_ratio, g)
+            n = self.num_samples
+            self.kept, self.weights = infobatch_plan(self.scores[:n], self.seen[:n], self.prune_ratio, g)
             self.count = len(self.kept)     # the one host synchronisation of the epoch
         else:
             self.kept, self.weights, self.count = None, None, self.num_samples
@@ -143,9 +132,11 @@ class InfoBatchPruner:
                 "infobatch/saved_fraction": 1.0 - self.passes / self.full_passes if self.full_passes else 0.0}
 
     # ------------------------------------------------------------------ losses
-    def update(self, losses: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
+    def update(self, losses: torch.Tensor, indices: torch.Tensor, pad_to: int | None = None) -> torch.Tensor:
         """Record per-sample `losses` of the samples `indices` as their scores and return the
-        losses times their weights (unreduced)."""
+        losses times their weights (unreduced). Under torch.distributed every rank records the
+        losses of all ranks: `pad_to` is the largest number of samples a rank may hold in this
+        call, the same on every rank (default: this rank's count, for equal shares)."""
         if losses.dim() != 1 or losses.shape[0] != indices.shape[0]:
             raise ValueError(f"InfoBatch needs one loss per sample: got losses of shape {tuple(losses.shape)} "
                              f"for {indices.shape[0]} samples (use a per-sample loss, reduction='none')")
@@ -153,12 +144,30 @@ class InfoBatchPruner:
             self._allocate(losses.device)
         indices = indices.to(self.device)
         with torch.no_grad():
-            self.scores.index_copy_(0, indices, losses.detach().float())
-            self.seen.index_fill_(0, indices, True)
-            self.touched.index_fill_(0, indices, True)
+            values, where = losses.detach().float(), indices
+            if self.world_size > 1:
+                values, where = self._gather(values, indices, pad_to)
+            self.scores.index_copy_(0, where, values)
+            self.seen.index_fill_(0, where, True)
         if self.weights is None:
             return losses
         return losses * self.weights.index_select(0, indices).to(losses.dtype)
+
+    def _gather(self, values: torch.Tensor, indices: torch.Tensor, pad_to: int | None):
+        """Every rank's (loss, sample index) pairs: one all-gather of a (2, pad_to) float64 block
+        per rank (indices are exact in float64), padding pointed at the spare slot."""
+        n = values.shape[0]
+        size = n if pad_to is None else int(pad_to)
+        if size < n:
+            raise ValueError(f"pad_to={pad_to} is smaller than this rank's {n} samples")
+        block = torch.empty(2, size, dtype=torch.float64, device=self.device)
+        block[0, :n], block[0, n:] = values, 0.0
+        block[1, :n], block[1, n:] = indices, float(self.num_samples)
+        every = torch.empty(self.world_size * 2, size, dtype=torch.float64, device=self.device)
+        dist = torch.distributed   # all_gather_single: torch 2.13's name of all_gather_into_tensor
+        (getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor)(every, block)
+        every = every.view(self.world_size, 2, size)
+        return every[:, 0].flatten().float(), every[:, 1].flatten().long()
 
     def loss(self, losses: torch.Tensor, indices: torch.Tensor | None = None) -> torch.Tensor:
         """Plain-loop form: update the scores and return the rescaled mean loss."""
@@ -190,14 +199,19 @@ class InfoBatchPruner:
 
     # ------------------------------------------------------------------ checkpoints
     def state_dict(self) -> dict:
-        return {"scores": self.scores, "seen": self.seen, "touched": self.touched, "kept": self.kept,
-                "weights": self.weights, "count": self.count, "epoch": self.epoch, "passes": self.passes,
-                "full_passes": self.full_passes}
+        n = self.num_samples
+        return {"scores": None if self.scores is None else self.scores[:n], "kept": self.kept,
+                "seen": None if self.seen is None else self.seen[:n], "weights": self.weights,
+                "count": self.count, "epoch": self.epoch, "passes": self.passes, "full_passes": self.full_passes}
 
     def load_state_dict(self, sd: dict) -> None:
-        for k in ("scores", "seen", "touched", "kept", "weights"):
+        for k in ("scores", "seen", "kept", "weights"):
             v = sd.get(k)
-            setattr(self, k, v.to(self.device) if v is not None and self.device is not None else v)
+            if v is not None and self.device is not None:
+                v = v.to(self.device)
+            if v is not None and k in ("scores", "seen"):   # the spare slot for padding
+                v = torch.cat([v, v.new_zeros(1)])
+            setattr(self, k, v)
         if self.scores is not None and self.device is None:
             self.device = self.scores.device
         self.count, self.epoch = int(sd["count"]), int(sd["epoch"])
@@ -227,14 +241,14 @@ class _PrunedSampler(Sampler):
 
 def attach(loader, pruner) -> None:
     """Make a hasten loader train on the pruner's plan and carry sample indices in batches."""
-    from ..data.resumable import ResumableSampler, TransformDataset
+    from ..data.resumable import TransformDataset, resumable_sampler
     if hasattr(loader, "selector") and hasattr(loader, "with_indices"):      # DeviceLoader
         loader.selector, loader.with_indices = pruner, True
         return
-    sampler = getattr(loader, "sampler", None)
+    found = resumable_sampler(loader)
     dataset = getattr(loader, "dataset", None)
-    if isinstance(sampler, ResumableSampler) and isinstance(dataset, TransformDataset):
-        sampler.selector, dataset.with_indices = pruner, True
+    if found is not None and isinstance(dataset, TransformDataset):
+        found[0].selector, dataset.with_indices = pruner, True
         return
     raise TypeError("InfoBatch in the Trainer needs a loader it can steer: hasten.data.DeviceLoader or "
                     "hasten.data.make_dataloader(...); in a plain loop use InfoBatchPruner.sampler")
@@ -256,15 +270,13 @@ class InfoBatch(Algorithm):
         self.pruner: InfoBatchPruner | None = None
         self._pending: dict | None = None
 
-    def ddp_refusal(self):
-        return ("its per-sample scores are kept by each rank for its share only, so ranks would prune "
-                "different samples; not supported under DDP yet")
-
     def fit_start(self, state, logger):
         loader = state.train_dataloader
+        world = state.runtime.world
         if self.pruner is None:
             self.pruner = InfoBatchPruner(loader_size(loader), self.prune_ratio, state.fraction_of(self.delta),
-                                          seed=state.seed, device=state.device)
+                                          seed=state.seed, device=state.device, rank=world.rank,
+                                          world_size=world.size)
         if self._pending is not None:
             self.pruner.load_state_dict(self._pending)
             self._pending = None
@@ -278,7 +290,9 @@ class InfoBatch(Algorithm):
         if not (isinstance(batch, (tuple, list)) and len(batch) >= 3):
             raise ValueError("InfoBatch needs batches (inputs, targets, sample_indices); its loader was "
                              "changed after fit started?")
-        state.loss = self.pruner.update(state.loss, batch[-1])
+        world = state.runtime.world   # under data parallelism: the largest share any rank may hold
+        pad = -(-state.global_batch_size // world.size) if world.size > 1 else None
+        state.loss = self.pruner.update(state.loss, batch[-1], pad_to=pad)
 
     def state_dict(self) -> dict:
         return self.pruner.state_dict() if self.pruner is not None else {}
