@@ -58,6 +58,73 @@ def test_two_processes_equal_one_with_the_same_global_batch(tmp_path, model, gra
         assert two["eval"]["val/acc"] == one["eval"]["val/acc"]
 
 
+def _rank_records(tmp_path, model, world, grad_accum=1, tag=""):
+    import json
+    return [json.loads((tmp_path / f"{model}-{world}-{grad_accum}{tag}.pt.rank{r}.json").read_text()) for r in range(world)]
+
+
+def _same_weights(a, b):
+    for k, w in a["weights"].items():                          # float summation order differs: 1e-5
+        torch.testing.assert_close(b["weights"][k], w, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("model,loader,grad_accum", [("mlp", "hasten", 2), ("conv-device", "device", 1)])
+def test_hasten_loaders_load_only_their_share_and_equal_one_process(tmp_path, model, loader, grad_accum):
+    """make_dataloader (its batch sampler yields each rank's share of a global batch of 9) and a
+    DeviceLoader that translates, flips and cuts out (random numbers drawn for the whole global
+    batch, each rank gathering and augmenting its share): two processes train as one."""
+    env = {"JOB_LOADER": loader}
+    one = _launch(tmp_path, model, 1, grad_accum, job_env=env)
+    two = _launch(tmp_path, model, 2, grad_accum, job_env=env)
+    assert two["samples"] == one["samples"] == {"mlp": 96 + 9, "conv-device": 43 + 43 + 18}[model]   # last batches of 6 and 7
+    _same_weights(one, two)
+    assert two["eval"]["val/loss"] == pytest.approx(one["eval"]["val/loss"], rel=1e-6)
+
+
+def test_a_loader_over_a_distributed_sampler_is_taken_as_this_ranks_share(tmp_path):
+    """A user's DataLoader over DistributedSampler (48 samples a rank, per-rank batch 5): used as
+    it is, the clock counting the global batch (an epoch of 10 batches: 9 x 10 + 2 x 3 samples,
+    then 2 batches of 10)."""
+    two = _launch(tmp_path, "mlp", 2, job_env={"JOB_LOADER": "distsampler"})
+    assert two["samples"] == 96 + 20 and all(r["sample"] == 116 for r in _rank_records(tmp_path, "mlp", 2))
+
+
+def test_an_evaluation_loader_over_a_distributed_sampler_is_refused():
+    from torch.utils.data import DataLoader, TensorDataset
+    from torch.utils.data.distributed import DistributedSampler
+
+    from hasten.data import sharding
+    data = TensorDataset(torch.zeros(5, 2))
+    loader = DataLoader(data, sampler=DistributedSampler(data, num_replicas=2, rank=0))
+    assert sharding.prepare(loader, 0, 2).mode == "sampler"
+    with pytest.raises(ValueError, match="counted twice: give the evaluation loader unsharded"):
+        sharding.prepare(loader, 0, 2, "evaluation")
+
+
+def test_infobatch_under_ddp_prunes_the_same_samples_on_every_rank_as_one_process(tmp_path):
+    """Through the Trainer, 4 epochs on make_dataloader with global batch 9 and accumulation 2:
+    each rank records every epoch's plan; both ranks plan the samples the one-process run
+    plans, and end with its weights. With every step's host reads trapped (no host sync)."""
+    env = {"JOB_ALGO": "infobatch", "JOB_LOADER": "hasten", "JOB_TRAP": "1"}
+    one = _launch(tmp_path, "mlp", 1, 2, job_env=env)
+    two = _launch(tmp_path, "mlp", 2, 2, job_env=env)
+    (solo,), ranks = _rank_records(tmp_path, "mlp", 1, 2), _rank_records(tmp_path, "mlp", 2, 2)
+    assert len(solo["kept"]) == 4 and len(solo["kept"][1]) < 96            # pruning happened from epoch 1
+    assert ranks[0]["kept"] == ranks[1]["kept"] == solo["kept"]
+    assert ranks[0]["sample"] == solo["sample"] == sum(len(k) for k in solo["kept"])
+    assert all(r["trapped_steps"] == r["batch"] for r in ranks + [solo])  # every step ran under the trap
+    _same_weights(one, two)
+
+
+def test_layer_freezing_under_ddp_equals_one_process(tmp_path):
+    """Freezing part-way through a data-parallel run (DDP built with find_unused_parameters):
+    the frozen tensors get no gradient and no momentum step, as in one process."""
+    env = {"JOB_ALGO": "layer_freezing"}
+    one = _launch(tmp_path, "mlp", 1, job_env=env)
+    two = _launch(tmp_path, "mlp", 2, job_env=env)
+    _same_weights(one, two)
+
+
 def test_every_packaged_algorithm_runs_under_ddp_or_is_refused_with_a_reason(tmp_path):
     import json
     sys.path.insert(0, str(JOB.parent))
@@ -75,9 +142,10 @@ def test_every_packaged_algorithm_runs_under_ddp_or_is_refused_with_a_reason(tmp
     logs = [p.communicate(timeout=300)[0] for p in procs]
     assert all(p.returncode == 0 for p in procs), "\n".join(logs)
     results = json.loads(out.read_text())
-    refused = {n for n, v in results.items() if v.startswith("refused: ")}
-    assert refused == {"infobatch", "layer_freezing", "patch_whitening+train_bias_for"}, results
-    assert all(v == "ok" for n, v in results.items() if n not in refused), results   # and the ranks agree
+    # none is refused today: InfoBatch shares its scores across ranks; the two that freeze
+    # parameters part-way through (layer_freezing, patch_whitening's train_bias_for) get
+    # DDP's find_unused_parameters
+    assert all(v == "ok" for v in results.values()), results   # and the ranks agree
 
 
 def test_per_rank_batch_norm_is_ghost_batch_norm_of_the_per_rank_batch(tmp_path):
@@ -146,22 +214,31 @@ def test_a_killed_two_process_run_resumes_under_two_and_under_one(tmp_path):
         assert resumed["eval"]["val/acc"] == whole["eval"]["val/acc"]
 
 
-def test_bench_runs_each_run_data_parallel_with_nproc(tmp_path):
+def test_bench_runs_each_run_data_parallel_with_nproc_and_compares_world_sizes(tmp_path):
+    """--nproc 1,2: every recipe at each world size, side by side in one report."""
     import json
 
     from hasten.cli import main
     tiny = Path(__file__).parent / "helpers" / "tiny_lm.yaml"
-    assert main(["bench", str(tiny), "trainer.max_duration=10ba", "--nproc", "2", "--target", "val/loss<=@first-worst",
+    assert main(["bench", str(tiny), "trainer.max_duration=10ba", "--nproc", "1,2", "--target", "val/loss<=@first-worst",
                  "--seeds", "1", "--out", str(tmp_path), "--name", "b"]) == 0
-    (run,) = [json.loads(ln) for ln in (tmp_path / "b" / "runs.jsonl").read_text().splitlines()]
-    assert run["status"] == "finished" and run["final"]["world_size"] == 2 and run["final"]["batch"] == 10
+    runs = [json.loads(ln) for ln in (tmp_path / "b" / "runs.jsonl").read_text().splitlines()]
+    assert [(r["label"], r["final"]["world_size"]) for r in runs] == [("tiny_lm x1proc", 1), ("tiny_lm x2proc", 2)]
+    assert all(r["status"] == "finished" and r["final"]["batch"] == 10 for r in runs)
+    report = json.loads((tmp_path / "b" / "report.json").read_text())
+    assert set(report["recipes"]) == {"tiny_lm x1proc", "tiny_lm x2proc"}
+    with pytest.raises(SystemExit) as bad:   # argparse's one-line usage error
+        main(["bench", str(tiny), "--nproc", "0", "--target", "val/loss<=1", "--out", str(tmp_path)])
+    assert bad.value.code == 2
 
 
-def test_nproc_refuses_an_algorithm_ddp_cannot_run_before_any_process_starts(tmp_path, capsys):
+def test_nproc_refuses_an_algorithm_ddp_cannot_run_before_any_process_starts(tmp_path, capsys, monkeypatch):
+    from hasten.algorithms.delay import Delay
     from hasten.cli import main
+    monkeypatch.setattr(Delay, "ddp_refusal", lambda self: "it cannot (a test's stand-in)")   # no packaged one refuses
     tiny = Path(__file__).parent / "helpers" / "tiny_lm.yaml"
     run = tmp_path / "run"
-    assert main(["train", str(tiny), "algorithms.infobatch={}", f"trainer.run_dir={run}", "--nproc", "2"]) == 2
+    assert main(["train", str(tiny), "algorithms.delay={}", f"trainer.run_dir={run}", "--nproc", "2"]) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "cannot train data-parallel with InfoBatch" in err
+    assert err.count("\n") == 1 and "cannot train data-parallel with Delay: it cannot" in err
     assert not run.exists()

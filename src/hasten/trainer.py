@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from .checkpoint import CheckpointIO, load_latest, restore, save
 from .core import Algorithm, Engine, Event, Interval, State, Time, TimeUnit
 from .core.algorithm import ddp_refusal_message
+from .data import sharding
 from .data.resumable import epoch_iterator
 from .errors import TrainingError
 from .loggers import LogHub
@@ -229,11 +230,14 @@ class Trainer:
                                      "per-rank batch: leave sync_batchnorm off")
                 model = self.state.model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)   # same parameters
             from torch.nn.parallel import DistributedDataParallel
-            self._ddp = DistributedDataParallel(model, device_ids=[self.device.index] if self.device.type == "cuda" else None)
+            options = {k: v for a in self.state.algorithms for k, v in a.ddp_options().items()}
+            self._ddp = DistributedDataParallel(model, device_ids=[self.device.index] if self.device.type == "cuda" else None,
+                                                **options)
         self.state.forward_model = self._compile(self._ddp or model, compile)
         self._eval_model = model if self._ddp is not None else self.state.forward_model   # no collectives in evaluation
         self.state.batch_fn, self.state.autocast = batch_fn, runtime.autocast
 
+        self._sharding, self._rank_scale = None, 1.0   # data parallel: who shares the batch; this rank's weight
         self._signal = threading.Event()   # SIGTERM or a first Ctrl-C: save at the end of this step, stop
         self._votes = self._vote_work = None
         self._vote_box = torch.zeros(1, dtype=torch.int32)   # reused every step: filled only after the last vote is read
@@ -357,6 +361,7 @@ class Trainer:
         self._fused_mean = (state.grad_accum == 1 and Event.AFTER_LOSS not in self.engine.active
                             and train_loss is default_loss)
         self._autocast_ctx = self.runtime.autocast()   # one context for every step (fp32: a shared no-op)
+        self._sharding = self._share_loader(loader) if self.world.size > 1 else None
         self._progress_schedules = [s for s in state.schedulers if hasattr(s, "apply")]
         self._batch_schedulers = [s for s in state.schedulers if not hasattr(s, "apply")]
         state.steps_per_epoch = len(loader) if hasattr(loader, "__len__") else None
@@ -405,7 +410,7 @@ class Trainer:
         state, fire, on, perf_counter = self.state, self.engine.run, self.engine.active, time.perf_counter
         on_cpu, device, batch_fn, count_tokens = self._on_cpu, self.device, self.batch_fn, self.count_tokens
         optimizers, scaler, advance, step = state.optimizers, state.scaler, state.timestamp.advance, self._step
-        progress_schedules, batch_schedulers = self._progress_schedules, self._batch_schedulers
+        progress_schedules, batch_schedulers, shared = self._progress_schedules, self._batch_schedulers, self._sharding
         while True:
             if BEFORE_DATALOADER in on: fire(BEFORE_DATALOADER)                        # noqa: E701
             t0 = perf_counter()
@@ -417,6 +422,8 @@ class Trainer:
                 if self._stop_on_signal():   # Ctrl-C reached loader workers too: the last step is saved
                     return False
                 raise
+            if shared is not None:                                     # data parallel: this rank's share
+                batch = self._take_share(batch)
             state.batch = batch if on_cpu else to_device(batch, device)
             if AFTER_DATALOADER in on: fire(AFTER_DATALOADER)                          # noqa: E701
             for sched in progress_schedules:                           # learning rate (and more) from progress
@@ -425,6 +432,8 @@ class Trainer:
             batch = state.batch
             n_samples = batch[0].shape[0] if type(batch) is tuple or type(batch) is list else batch_size(batch)
             n_tokens = count_tokens(batch_fn(batch)[1])
+            if shared is not None:                                     # the clock counts all ranks' samples
+                n_samples, n_tokens = self._count_all_ranks(n_samples, n_tokens)
             step(state)                                                # forward, loss, reduce, backward
             if BEFORE_OPTIM_STEP in on: fire(BEFORE_OPTIM_STEP)        # noqa: E701  gradient clipping here
             if scaler is None:
@@ -443,21 +452,48 @@ class Trainer:
             if self._after_batch():                                    # log, evaluate, checkpoint; stop?
                 return self._epoch_complete()
 
+    def _share_loader(self, loader, purpose: str = "training") -> "sharding.Sharding":
+        """How the ranks share `loader`'s batches (hasten's loaders then load only this rank's part)."""
+        shared = sharding.prepare(loader, self.world.rank, self.world.size, purpose)
+        if shared.mode == "trainer" and purpose == "training" and self.world.is_main:
+            warnings.warn("the training loader yields whole global batches: every rank loads each batch and keeps "
+                          "its share. To load only the share, use hasten.data.make_dataloader or DeviceLoader, or a "
+                          "DistributedSampler with the per-rank batch size (docs/distributed.md)", stacklevel=3)
+        return shared
+
+    def _take_share(self, batch):
+        """This rank's share of the step's global batch (the loader may have taken it already),
+        and the global batch's size in `state.global_batch_size`."""
+        shared, world, ts = self._sharding, self.world, self.state.timestamp
+        if shared.mode == "trainer":
+            self.state.global_batch_size = batch_size(batch)
+            return shard_batch(batch, world.rank, world.size)
+        self.state.global_batch_size = shared.global_size(ts.epoch, ts.batch_in_epoch, batch_size(batch), world.size)
+        return batch
+
+    def _count_all_ranks(self, n_samples: int, n_tokens: int) -> tuple[int, int]:
+        """Under data parallelism: the step's samples and tokens on all ranks (the clock counts the
+        global batch, so durations mean the same at any world size; tokens are this rank's scaled
+        to the global batch, exact for batches of equal-length sequences), and the weight of this
+        rank's mean in DDP's average (its share of the global batch, times the world size)."""
+        n = self.state.global_batch_size
+        self._rank_scale = n_samples / n * self.world.size if n else 0.0
+        return n, (n_tokens * n // n_samples if n_samples else 0)
+
     def _forward_backward(self, state: State) -> None:
         """The default step (algorithms may wrap it): forward, loss, reduction and backward
         of every micro-batch; `micro_batch_weight` is a micro-batch's share of the step's
-        samples. Under data parallelism each rank takes its share of every micro-batch of the
-        global batch (`shard_batch`), weighted so that DDP's gradient average is the global
-        mean, and gradients are all-reduced on the last micro-batch only (`no_sync`)."""
+        samples. Under data parallelism `state.batch` is this rank's share of the global batch
+        (taken at fetch), its micro-batches weighted by the rank's share (`_rank_scale`) so that
+        DDP's gradient average is the global mean, and gradients are all-reduced on the last
+        micro-batch only (what `no_sync` does)."""
         fire, on, autocast, batch_fn = self.engine.run, self.engine.active, self._autocast_ctx, self.batch_fn
-        batch, k, world, ddp = state.batch, state.grad_accum, self.world, self._ddp
+        batch, k, ddp, scale = state.batch, state.grad_accum, self._ddp, self._rank_scale
         micros = (batch,) if k == 1 else split_batch(batch, k)
-        total = batch_size(batch) if k > 1 or world.size > 1 else 1
+        total = batch_size(batch) if k > 1 or scale != 1.0 else 0
         for i, micro in enumerate(micros):
-            if world.size > 1:
-                micro = shard_batch(micro, world.rank, world.size)
             state.micro_batch, state.micro_batch_index = micro, i
-            state.micro_batch_weight = 1.0 if total == 1 else batch_size(micro) / total * world.size
+            state.micro_batch_weight = batch_size(micro) / total * scale if total else scale
             if ddp is not None:
                 ddp.require_backward_grad_sync = i == k - 1   # what ddp.no_sync() sets: all-reduce on the last only
             if BEFORE_FORWARD in on: fire(BEFORE_FORWARD)                              # noqa: E701
@@ -505,6 +541,8 @@ class Trainer:
             return loss * state.micro_batch_weight if state.micro_batch_weight != 1.0 else loss
         if state.micro_batch_weight == 1.0 and loss.numel() == state.loss_count:
             return loss.mean()
+        if not state.loss_count:   # an empty share (a global batch smaller than the world): nothing to learn
+            return loss.sum()
         return loss.sum() * (state.micro_batch_weight / state.loss_count)
 
     def _after_batch(self) -> bool:
@@ -711,12 +749,14 @@ class Trainer:
         run(EVAL_START)
         loss_sum = torch.zeros((), device=self.device, dtype=torch.float64)
         count, world = 0, self.world
+        shared = self._share_loader(dataloader, "evaluation") if world.size > 1 else None
         for batch in dataloader:
-            batch = to_device(batch, self.device)
-            if world.size > 1:   # each rank evaluates its share of every batch: every sample counted once
-                batch = shard_batch(batch, world.rank, world.size)
+            if shared is not None:   # each rank evaluates its share of every batch: every sample counted once
+                if shared.mode == "trainer":
+                    batch = shard_batch(batch, world.rank, world.size)
                 if batch_size(batch) == 0:
                     continue
+            batch = to_device(batch, self.device)
             state.batch = batch
             run(EVAL_BATCH_START)
             inputs, targets = self.batch_fn(state.batch)

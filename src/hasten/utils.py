@@ -103,13 +103,25 @@ def split_batch(batch, n: int) -> list:
     return [batch] * n
 
 
+def share_range(n: int, rank: int, world_size: int) -> tuple[int, int]:
+    """The positions [start, stop) of rank `rank`'s share of `n` samples: `world_size`
+    contiguous parts, the first `n % world_size` one sample longer (torch.tensor_split's rule).
+    The one rule by which a global batch is shared, whether the Trainer shares it
+    (`shard_batch`) or a loader loads only its rank's part."""
+    q, r = divmod(int(n), int(world_size))
+    start = rank * q + min(rank, r)
+    return start, start + q + (rank < r)
+
+
 def shard_batch(batch, rank: int, world_size: int):
-    """Rank `rank`'s share of a (nested) batch of the whole world: the samples are split along
-    dim 0 into `world_size` contiguous parts, the first `len % world_size` one sample longer
-    (torch.tensor_split's rule), so every sample goes to exactly one rank and a batch that
-    does not divide by the world size loses nothing."""
+    """Rank `rank`'s share of a (nested) batch of the whole world (`share_range`'s rule), so
+    every sample goes to exactly one rank and a batch that does not divide by the world size
+    loses nothing."""
     if isinstance(batch, torch.Tensor):
-        return torch.tensor_split(batch, world_size)[rank] if batch.dim() else batch
+        if not batch.dim():
+            return batch
+        start, stop = share_range(batch.shape[0], rank, world_size)
+        return batch[start:stop]
     if isinstance(batch, (list, tuple)):
         parts = [shard_batch(b, rank, world_size) for b in batch]
         return parts if isinstance(batch, list) else tuple(parts)

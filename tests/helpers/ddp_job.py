@@ -3,9 +3,16 @@ with torchrun's environment (RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, MASTER_P
 
     python ddp_job.py MODEL OUT.pt [GRAD_ACCUM]
 
-MODEL: mlp, gpt, convbn (a conv net with batch norm), or convbn-ghost4 (the same with ghost
-batch norm of 4 samples, the per-rank batch of two processes). Rank 0 writes the final weights, the evaluation and the logged training
-losses to OUT.pt."""
+MODEL: mlp, gpt, convbn (a conv net with batch norm), convbn-ghost4 (the same with ghost
+batch norm of 4 samples, the per-rank batch of two processes), or conv-device (a conv net
+without batch norm on a DeviceLoader that translates, flips and cuts out, global batch 9).
+Rank 0 writes the final weights, the evaluation and the logged training losses to OUT.pt.
+
+Environment: JOB_LOADER=hasten gives the mlp a make_dataloader loader (rank shares loaded by
+its batch sampler) instead of a plain DataLoader; JOB_LOADER=distsampler a DataLoader over a
+DistributedSampler with the per-rank batch; JOB_ALGO=layer_freezing or infobatch adds that
+algorithm (infobatch: 4 epochs, each rank records the samples of every epoch's plan);
+JOB_TRAP=1 makes host synchronisation inside a training step an error."""
 import json
 import os
 import sys
@@ -31,15 +38,33 @@ def main(model_name: str, out: str, grad_accum: int = 1, sigterm_rank1_at: int =
     torch.set_num_threads(1)
     rt = make_runtime(device="cpu", seed=0, timeout_s=60)
     g = torch.Generator().manual_seed(1)
+    loader_kind, algo_name = os.environ.get("JOB_LOADER", "plain"), os.environ.get("JOB_ALGO", "")
+    duration = "4ep" if algo_name == "infobatch" else "12ba"
     if model_name == "mlp":
         x, y = torch.randn(96, 8, generator=g), torch.randint(0, 4, (96,), generator=g)
         ex, ey = torch.randn(33, 8, generator=g), torch.randint(0, 4, (33,), generator=g)   # 33: odd on purpose
         model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
         from torchmetrics.classification import MulticlassAccuracy
         metrics = {"acc": MulticlassAccuracy(4, average="micro")}
-        train = DataLoader(TensorDataset(x, y), batch_size=10, shuffle=True)   # shards of 5, or 3 and 2
+        if loader_kind == "hasten":   # global batch 9: shares of 5 and 4 (3+2 and 2+2 with accumulation)
+            from hasten.data import TensorPairs, make_dataloader
+            train = make_dataloader(TensorPairs(x, y), 9, shuffle=True, seed=0, num_workers=0)
+        elif loader_kind == "distsampler":
+            from torch.utils.data.distributed import DistributedSampler
+            sampler = DistributedSampler(TensorDataset(x, y), num_replicas=rt.world.size, rank=rt.world.rank, seed=0)
+            train = DataLoader(TensorDataset(x, y), batch_size=5, sampler=sampler)
+        else:
+            train = DataLoader(TensorDataset(x, y), batch_size=10, shuffle=True)   # shards of 5, or 3 and 2
         evald = DataLoader(TensorDataset(ex, ey), batch_size=8)
         opt = lambda m: torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9)   # noqa: E731
+    elif model_name == "conv-device":
+        from hasten.data import DeviceLoader
+        imgs, labels = torch.randint(0, 256, (43, 8, 8, 3), dtype=torch.uint8, generator=g), torch.randint(0, 4, (43,), generator=g)
+        model = nn.Sequential(nn.Conv2d(3, 6, 3, padding=1), nn.ReLU(), nn.Flatten(), nn.Linear(6 * 8 * 8, 4))
+        metrics = {}
+        train = DeviceLoader(imgs, labels, 9, translate=2, flip="random", cutout=3, seed=0)
+        evald = DeviceLoader(imgs[:13], labels[:13], 4, shuffle=False)
+        opt = lambda m: torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9)   # noqa: E731
     elif model_name.startswith("convbn"):
         x, y = torch.randn(64, 3, 8, 8, generator=g), torch.randint(0, 4, (64,), generator=g)
         model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(), nn.Flatten(),
@@ -59,7 +84,27 @@ def main(model_name: str, out: str, grad_accum: int = 1, sigterm_rank1_at: int =
         evald = EvalWindows(tokens[1500:], block_size=16, batch_size=5)
         opt = lambda m: torch.optim.AdamW(m.parameters(), lr=3e-3)   # noqa: E731
     logger = Remember()
-    algos = []
+    algos, kept = [], []
+    if algo_name == "layer_freezing":
+        from hasten.algorithms import LayerFreezing
+        algos.append(LayerFreezing(start=0.25, fraction=0.5))
+    elif algo_name == "infobatch":
+        from hasten import Callback
+        from hasten.algorithms import InfoBatch
+        info = InfoBatch(prune_ratio=0.5, delta=1.0)
+
+        class Plans(Callback):   # the samples each epoch trains on, as this rank's pruner planned them
+            def epoch_start(self, state, logger):
+                p = info.pruner
+                kept.append(list(range(p.num_samples)) if p.kept is None else p.kept.tolist())
+        algos.append(info)
+        extra_callbacks = [Plans()]
+    if os.environ.get("JOB_TRAP") == "1":
+        import sync_trap
+
+        class Patch:   # sync_trap patches through a pytest monkeypatch; here for the whole process
+            setattr = staticmethod(setattr)
+        algos.append(sync_trap.install(Patch()))
     if model_name == "convbn-ghost4":
         from hasten.algorithms import GhostBatchNormAlgorithm
         algos = [GhostBatchNormAlgorithm(ghost_size=4)]
@@ -84,14 +129,18 @@ def main(model_name: str, out: str, grad_accum: int = 1, sigterm_rank1_at: int =
                 if state.timestamp.batch == kill_at:
                     os.kill(os.getpid(), signal.SIGKILL)
         algos.append(Kill())
-    tr = Trainer(model, train, optimizers=opt, max_duration="12ba", eval_dataloader=evald, eval_interval="6ba",
-                 log_interval="3ba", metrics=metrics, loggers=[logger], runtime=rt, grad_accum=grad_accum,
+    trap = os.environ.get("JOB_TRAP") == "1"   # logging and evaluation read values: none inside the trapped steps
+    tr = Trainer(model, train, optimizers=opt, max_duration=duration, eval_dataloader=evald,
+                 eval_interval="1000ba" if trap else "6ba", log_interval="1000ba" if trap else "3ba", metrics=metrics, loggers=[logger], runtime=rt, grad_accum=grad_accum,
                  algorithms=algos, save_folder=save or None, save_interval=os.environ.get("JOB_SAVE_EVERY", "100ba"),
-                 autoresume=bool(save) and os.environ.get("JOB_RESUME") == "1")
+                 autoresume=bool(save) and os.environ.get("JOB_RESUME") == "1",
+                 callbacks=extra_callbacks if algo_name == "infobatch" else ())
     tr.fit()
+    trapped = [a.steps for a in algos if type(a).__name__ == "Trap"]
     with open(f"{out}.rank{rt.world.rank}.json", "w") as f:
         json.dump({"batch": tr.state.timestamp.batch, "stop_reason": tr.state.stop_reason,
-                   "last_checkpoint": tr.state.last_checkpoint}, f)
+                   "last_checkpoint": tr.state.last_checkpoint, "kept": kept, "sample": tr.state.timestamp.sample,
+                   "trapped_steps": trapped[0] if trapped else None}, f)
     if rt.world.is_main:
         torch.save({"weights": {k: v.clone() for k, v in tr.state.model.state_dict().items()},
                     "eval": tr.state.eval_metrics, "logged": logger.rows, "world": rt.world.size,

@@ -4,13 +4,15 @@ Functional form: `take_batch(batch, n)` keeps the first n samples of every tenso
 batch. Early in training the gradient noise scale is small, so small batches make about
 as much progress per sample at a fraction of the cost (McCandlish et al., 2018; GPT-3
 used a batch-size ramp). The Algorithm grows the batch linearly from `start_fraction` of
-the loader's batch to all of it over `duration`, in multiples of `multiple`.
+the loader's batch to all of it over `duration`, in multiples of `multiple`. Under data
+parallelism the global batch grows so: each rank keeps its share of the step's samples.
 """
 from __future__ import annotations
 
 import torch
 
 from ..core import Algorithm, Time
+from ..utils import batch_size, share_range
 
 
 def take_batch(batch, n: int):
@@ -33,8 +35,15 @@ class BatchSizeWarmup(Algorithm):
         p = state.progress_through(self.duration)
         if p >= 1.0:
             return
-        full = state.batch[0].shape[0] if isinstance(state.batch, (list, tuple)) else len(state.batch)
+        world = getattr(state.runtime, "world", None)
+        parallel = world is not None and world.size > 1
+        full = state.global_batch_size if parallel else batch_size(state.batch)
         frac = self.start_fraction + (1 - self.start_fraction) * p
         n = max(self.multiple, int(full * frac) // self.multiple * self.multiple)
-        if n < full:
+        if n >= full:
+            return
+        if parallel:   # n samples in all: each rank keeps its share of n, from the front of its share
+            start, stop = share_range(n, world.rank, world.size)
+            state.batch, state.global_batch_size = take_batch(state.batch, stop - start), n
+        else:
             state.batch = take_batch(state.batch, n)

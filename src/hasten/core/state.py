@@ -35,7 +35,9 @@ class State:
     autocast: Callable | None = None   # () -> the precision's autocast context, for extra forward passes
     runtime: Any = None           # hasten.Runtime: device, precision, seed, threads, allocator, resolved once
     # per step
-    batch: Any = None             # the whole batch of the step, on the device
+    batch: Any = None             # the batch of the step, on the device (under data parallelism: this rank's share)
+    global_batch_size: int = 0    # under data parallelism: the step's samples on all ranks together (an
+                                  # algorithm that changes how many samples the step trains on sets it)
     micro_batch: Any = None       # the micro-batch being processed (== batch when grad_accum == 1)
     micro_batch_index: int = 0
     micro_batch_weight: float = 1.0  # share of the step's samples in this micro-batch

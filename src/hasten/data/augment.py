@@ -89,13 +89,24 @@ def alternating_flip(x: torch.Tensor, indices: torch.Tensor, epoch: int, first: 
     return flip_where(x, flip)
 
 
-def cutout(x: torch.Tensor, size: int, generator: torch.Generator | None = None) -> torch.Tensor:
-    """Zero a `size` x `size` square at a random centre of each image (clipped at the borders)."""
+def cutout_centres(n: int, h: int, w: int, generator: torch.Generator | None = None,
+                   device: "torch.device | str" = "cpu") -> torch.Tensor:
+    """Random cutout centres of `n` images of `h` x `w`: a (2, n) tensor of rows and columns."""
+    cy = torch.randint(0, h, (n,), device=device, generator=generator)
+    cx = torch.randint(0, w, (n,), device=device, generator=generator)
+    return torch.stack([cy, cx])
+
+
+def cutout(x: torch.Tensor, size: int, generator: torch.Generator | None = None,
+           centres: torch.Tensor | None = None) -> torch.Tensor:
+    """Zero a `size` x `size` square at a random centre of each image (clipped at the borders);
+    `centres` (from `cutout_centres`) gives them instead of drawing."""
     if size <= 0:
         return x
     n, _, h, w = x.shape
-    cy = torch.randint(0, h, (n, 1, 1, 1), device=x.device, generator=generator)
-    cx = torch.randint(0, w, (n, 1, 1, 1), device=x.device, generator=generator)
+    if centres is None:
+        centres = cutout_centres(n, h, w, generator, x.device)
+    cy, cx = centres[0].view(n, 1, 1, 1), centres[1].view(n, 1, 1, 1)
     ys = torch.arange(h, device=x.device).view(1, 1, h, 1)
     xs = torch.arange(w, device=x.device).view(1, 1, 1, w)
     lo = size // 2

@@ -13,6 +13,11 @@ same batches as the uninterrupted run.
 
 A `selector` (see InfoBatch) may restrict an epoch to a subset of the samples: an object
 with `indices()` (a LongTensor of sample indices, or None for all) and `count` (its length).
+
+Under data parallelism (`rank`, `world_size`, or `shard_for_rank`, which the Trainer calls)
+every rank walks the same global batches and gathers and augments only its share of each
+(`hasten.utils.share_range`); the random numbers are drawn for the whole global batch and
+sliced, so the shares are exactly the pixels one process would train on.
 """
 from __future__ import annotations
 
@@ -21,7 +26,7 @@ from typing import Iterator, Literal
 
 import torch
 
-from ..utils import derive_seed
+from ..utils import derive_seed, share_range
 from . import augment as A
 from .resumable import epoch_order
 
@@ -67,45 +72,59 @@ class DeviceLoader:
         return len(self.labels)
 
     def _epoch_samples(self) -> int:
-        n = self.selector.count if self.selector is not None and self.selector.indices() is not None else self.num_samples
-        return n // self.world_size if self.world_size > 1 else n
+        return self.selector.count if self.selector is not None and self.selector.indices() is not None else self.num_samples
 
     def __len__(self) -> int:
+        """Batches per epoch (global batches: the same count on every rank)."""
         n = self._epoch_samples()
         return n // self.batch_size if self.drop_last else math.ceil(n / self.batch_size)
+
+    # ------------------------------------------------------------------ data parallelism
+    def shard_for_rank(self, rank: int, world_size: int) -> None:
+        """From now on yield rank `rank`'s share of every global batch."""
+        self.rank, self.world_size = int(rank), int(world_size)
+
+    def global_batch_size(self, epoch: int, index: int) -> int:
+        """The size of global batch `index` of the current epoch (all ranks together)."""
+        return min(self.batch_size, self._epoch_samples() - index * self.batch_size)
 
     # ------------------------------------------------------------------ iteration
     def _generator(self, *parts) -> torch.Generator:
         return torch.Generator(device=self.device).manual_seed(derive_seed(*parts))
 
     def order(self, epoch: int) -> torch.Tensor:
-        """The sample indices of `epoch` for this rank, in order (on the device)."""
+        """The sample indices of `epoch`, in order (on the device): the same on every rank."""
         chosen = self.selector.indices() if self.selector is not None else None
-        return epoch_order(self.num_samples, chosen, self.shuffle, self.seed, epoch, self.device,
-                           self.rank, self.world_size)
+        return epoch_order(self.num_samples, chosen, self.shuffle, self.seed, epoch, self.device)
 
     def batch(self, indices: torch.Tensor, epoch: int, batch_index: int):
-        """Gather, augment and normalise the samples `indices` (the batch `batch_index` of `epoch`).
+        """Gather, augment and normalise the samples `indices` (the global batch `batch_index`
+        of `epoch`), or this rank's share of them under data parallelism.
 
         Translation and flips are index gathers done on the uint8 images; cutout after
-        normalisation (zero is the mean there).
+        normalisation (zero is the mean there). Random numbers are drawn for the whole global
+        batch, then this rank's share of them is used.
         """
+        n = len(indices)
+        part = slice(*share_range(n, self.rank, self.world_size)) if self.world_size > 1 else slice(None)
+        indices = indices[part]
         x = self.images[indices]
         g = self._generator(self.seed, epoch, batch_index) if (self.translate or self.flip == "random"
                                                                or self.cutout) else None
         flip = None
         if self.flip == "random":
-            flip = torch.randint(0, 2, (len(indices),), device=self.device, generator=g).bool()
+            flip = torch.randint(0, 2, (n,), device=self.device, generator=g).bool()[part]
         elif self.flip == "alternate":
             flip = self.first_flip[indices] ^ bool(epoch % 2)
         if self.translate:
-            d = torch.randint(-self.translate, self.translate + 1, (2, len(indices)), device=self.device, generator=g)
+            d = torch.randint(-self.translate, self.translate + 1, (2, n), device=self.device, generator=g)[:, part]
             x = A.translate(x, d[0], d[1], self.translate, "reflect", flip=flip)
         elif flip is not None:
             x = A.flip_where(x, flip)
         x = ((x.float() - self.mean) / self.std).to(self.dtype)
         if self.cutout:
-            x = A.cutout(x, self.cutout, g)
+            h, w = x.shape[-2:]
+            x = A.cutout(x, self.cutout, centres=A.cutout_centres(n, h, w, g, self.device)[:, part])
         if self.channels_last:
             x = x.contiguous(memory_format=torch.channels_last)
         y = self.labels[indices]

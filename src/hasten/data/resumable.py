@@ -6,6 +6,8 @@ number of DataLoader workers, and a run resumed from the middle of an epoch sees
 the batches the uninterrupted run saw.
 
 - `ResumableSampler`: a per-epoch permutation from (seed, epoch) that can start part-way.
+- `ResumableBatchSampler`: its samples in global batches; under data parallelism each rank
+  takes only its share of every batch (so DataLoader workers load only that share).
 - `TransformDataset`: applies a random transform with a generator seeded by
   (seed, epoch, index): augmentation that survives resume and any worker count.
 - `epoch_iterator`: how the Trainer starts an epoch on any iterable.
@@ -18,7 +20,7 @@ from typing import Callable, Iterator
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
-from ..utils import derive_seed
+from ..utils import derive_seed, index_batch, share_range
 
 
 def epoch_order(num_samples: int, chosen: torch.Tensor | None, shuffle: bool, seed: int, epoch: int,
@@ -67,6 +69,59 @@ class ResumableSampler(Sampler):
         return self.num_samples
 
 
+class EmptyShare:
+    """A rank's share of a global batch with fewer samples than ranks: nothing. A DataLoader
+    cannot fetch an empty batch, so the batch sampler asks for the global batch's first sample
+    wrapped in this, and `collate_shares` returns a batch of no samples shaped like it (the
+    rank then takes part in the step's gradient all-reduce with a zero gradient)."""
+    __slots__ = ("key",)
+
+    def __init__(self, key):
+        self.key = key
+
+
+def collate_shares(items: list):
+    """torch's default collation, and a batch of no samples for an EmptyShare."""
+    from torch.utils.data import default_collate
+    if len(items) == 1 and isinstance(items[0], EmptyShare):
+        return index_batch(default_collate([items[0].key]), torch.zeros(0, dtype=torch.long))
+    return default_collate(items)
+
+
+class ResumableBatchSampler(Sampler):
+    """Batches of `batch_size` keys of a ResumableSampler (the DataLoader's `batch_sampler`,
+    as `make_dataloader` builds it). Every batch is a global batch; after
+    `shard_for_rank(rank, world_size)` (the Trainer calls it under data parallelism) it yields
+    only rank `rank`'s share of each (`hasten.utils.share_range`), so every rank walks the same
+    batches and its workers load only its share."""
+
+    def __init__(self, sampler: ResumableSampler, batch_size: int, drop_last: bool = False):
+        if not isinstance(batch_size, int) or batch_size < 1:
+            raise ValueError(f"batch_size must be a whole number >= 1, got {batch_size!r}")
+        self.sampler, self.batch_size, self.drop_last = sampler, batch_size, drop_last
+        self.rank, self.world_size = 0, 1
+
+    def shard_for_rank(self, rank: int, world_size: int) -> None:
+        self.rank, self.world_size = int(rank), int(world_size)
+
+    def global_batch_size(self, epoch: int, index: int) -> int:
+        return min(self.batch_size, len(self.sampler) - index * self.batch_size)
+
+    def __iter__(self) -> Iterator:
+        keys, b = list(self.sampler), self.batch_size
+        stop = len(keys) // b * b if self.drop_last else len(keys)
+        for start in range(0, stop, b):
+            batch = keys[start:start + b]
+            if self.world_size > 1:
+                lo, hi = share_range(len(batch), self.rank, self.world_size)
+                batch = batch[lo:hi] if hi > lo else [EmptyShare(batch[0])]
+            yield batch
+
+    def __len__(self) -> int:
+        n = len(self.sampler)
+        return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
+
+
 class TransformDataset(Dataset):
     """`base[i] -> (x, y)`; returns `(transform(x, generator), y)` with a generator seeded by
     (seed, epoch, i). Indexed by int (epoch 0) or by the (epoch, i) keys of a keyed sampler.
@@ -79,6 +134,8 @@ class TransformDataset(Dataset):
         return len(self.base)
 
     def __getitem__(self, key):
+        if isinstance(key, EmptyShare):
+            return EmptyShare(self[key.key])
         epoch, i = key if isinstance(key, tuple) else (0, key)
         x, y = self.base[i]
         if self.transform is not None:
@@ -87,11 +144,15 @@ class TransformDataset(Dataset):
         return (x, y, i) if self.with_indices else (x, y)
 
 
-def _resumable_sampler(loader) -> ResumableSampler | None:
+def resumable_sampler(loader) -> "tuple[ResumableSampler, int] | None":
+    """The ResumableSampler of a DataLoader (given as its sampler, or inside a
+    ResumableBatchSampler) and the loader's batch size; None for any other loader."""
     if not isinstance(loader, DataLoader):
         return None
+    if isinstance(loader.batch_sampler, ResumableBatchSampler):
+        return loader.batch_sampler.sampler, loader.batch_sampler.batch_size
     if isinstance(loader.sampler, ResumableSampler) and loader.batch_size is not None:
-        return loader.sampler
+        return loader.sampler, loader.batch_size
     return None
 
 
@@ -106,9 +167,10 @@ def epoch_iterator(loader, seed: int, epoch: int, skip_batches: int = 0) -> Iter
     """
     if hasattr(loader, "iter_epoch"):
         return iter(loader.iter_epoch(epoch, skip_batches))
-    sampler = _resumable_sampler(loader)
-    if sampler is not None:
-        sampler.set_epoch(epoch, skip_batches * loader.batch_size)
+    found = resumable_sampler(loader)
+    if found is not None:
+        sampler, batch = found
+        sampler.set_epoch(epoch, skip_batches * batch)
         skip_batches = 0
     else:
         inner = getattr(loader, "sampler", None)

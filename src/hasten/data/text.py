@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 
 from ..errors import DataError
-from ..utils import derive_seed
+from ..utils import derive_seed, share_range
 from .download import DatasetNotFoundError
 
 PACKAGED = {"tinyshakespeare": "tinyshakespeare.txt"}
@@ -99,7 +99,10 @@ class RandomWindows:
     """Batches of `batch_size` random windows of `block_size` tokens (inputs) and the same
     windows shifted by one (targets). An epoch is len(tokens) // (batch_size * block_size)
     batches: about one pass worth of tokens. `tokens` may be a tensor or a (memory-mapped)
-    numpy array, from which only the drawn windows are read."""
+    numpy array, from which only the drawn windows are read.
+
+    Under data parallelism (`shard_for_rank`, which the Trainer calls) every rank draws the
+    global batch's window starts and reads only its share of the windows."""
 
     def __init__(self, tokens, block_size: int, batch_size: int, seed: int = 0):
         if len(tokens) <= block_size + 1:
@@ -108,14 +111,22 @@ class RandomWindows:
         self.tokens = tokens if self._mapped else tokens.long()
         self.block_size, self.batch_size, self.seed = block_size, batch_size, seed
         self._offsets = torch.arange(block_size + 1)
+        self._part = slice(None)
 
     def __len__(self) -> int:
         return max(1, len(self.tokens) // (self.batch_size * self.block_size))
 
+    def shard_for_rank(self, rank: int, world_size: int) -> None:
+        """From now on yield rank `rank`'s share of every global batch."""
+        self._part = slice(*share_range(self.batch_size, rank, world_size))
+
+    def global_batch_size(self, epoch: int, index: int) -> int:
+        return self.batch_size
+
     def batch(self, epoch: int, index: int) -> tuple[torch.Tensor, torch.Tensor]:
         g = torch.Generator().manual_seed(derive_seed(self.seed, epoch, index))
         starts = torch.randint(len(self.tokens) - self.block_size - 1, (self.batch_size,), generator=g)
-        idx = starts[:, None] + self._offsets
+        idx = starts[self._part, None] + self._offsets
         windows = _as_long(self.tokens[idx.numpy()]) if self._mapped else self.tokens[idx]
         return windows[:, :-1], windows[:, 1:]
 
@@ -128,7 +139,9 @@ class RandomWindows:
 
 
 class EvalWindows:
-    """Non-overlapping windows of `block_size` over all of `tokens`, in order, batched."""
+    """Non-overlapping windows of `block_size` over all of `tokens`, in order, batched; under
+    data parallelism (`shard_for_rank`) each rank yields its share of every batch, so every
+    window is evaluated once."""
 
     def __init__(self, tokens: torch.Tensor, block_size: int, batch_size: int = 64):
         n = (len(tokens) - 1) // block_size
@@ -137,10 +150,18 @@ class EvalWindows:
         self.block_size, self.batch_size = block_size, batch_size
         self.x = _as_long(tokens[: n * block_size]).view(n, block_size)
         self.y = _as_long(tokens[1: n * block_size + 1]).view(n, block_size)
+        self.rank, self.world_size = 0, 1
 
     def __len__(self) -> int:
         return -(-len(self.x) // self.batch_size)
 
+    def shard_for_rank(self, rank: int, world_size: int) -> None:
+        self.rank, self.world_size = int(rank), int(world_size)
+
+    def global_batch_size(self, epoch: int, index: int) -> int:
+        return min(self.batch_size, len(self.x) - index * self.batch_size)
+
     def __iter__(self):
         for i in range(0, len(self.x), self.batch_size):
-            yield self.x[i:i + self.batch_size], self.y[i:i + self.batch_size]
+            start, stop = share_range(min(self.batch_size, len(self.x) - i), self.rank, self.world_size)
+            yield self.x[i + start:i + stop], self.y[i + start:i + stop]
