@@ -263,6 +263,34 @@ def test_swa_average_matches_a_hand_average():
         torch.testing.assert_close(p, torch.stack([s[i] for s in snaps]).mean(0))
 
 
+def test_swa_evaluations_measure_the_averaged_model_and_training_resumes_from_the_trained_one():
+    """The run's last evaluation (due at the last batch) once measured the un-averaged model,
+    since the average went in only at fit_end. Now an evaluation in the window swaps the
+    average (and its batch-norm statistics) in and the trained weights back out: the final
+    metrics are those of the model fit leaves, and training after a mid-window evaluation is
+    untouched by it."""
+    from tiny import model_and_twin
+    x, y = classification_data(n=64)
+    data = [(x[i:i + 16], y[i:i + 16]) for i in range(0, 64, 16)]
+
+    def net():
+        return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.BatchNorm1d(16), torch.nn.ReLU(),
+                                   torch.nn.Linear(16, 4))
+
+    def run(model, eval_interval):
+        tr = Trainer(model, data, device="cpu", max_duration="12ba", eval_dataloader=data[:2],
+                     eval_interval=eval_interval, algorithms=[SWA(start=0.5, bn_batches=4)],
+                     optimizers=lambda m: torch.optim.SGD(m.parameters(), lr=0.2, momentum=0.9))
+        tr.fit()
+        return tr
+    model, twin = model_and_twin(net)
+    often, rarely = run(model, "3ba"), run(twin, "12ba")   # evaluations at 3, 6 and 9 inside the window
+    assert often.state.eval_metrics == often.evaluate(data[:2])   # the last evaluation saw the final model
+    for a, b in zip(model.state_dict().values(), twin.state_dict().values()):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)        # mid-window evaluations changed no training
+    assert rarely.state.eval_metrics == rarely.evaluate(data[:2])
+
+
 # ---------------------------------------------------------------------------- augmentation
 def test_mixup_loss_is_the_mixture_of_the_two_labels():
     x, y = classification_data(n=16)

@@ -6,6 +6,10 @@ of the weights, updated every `update_every` batches, using PyTorch's own
 batch-norm statistics are recomputed over the training data with `swa_utils.update_bn`
 (capped at `bn_batches` batches). Pair it with a high constant or cyclic learning rate
 over the averaging window.
+
+Evaluations once an average exists evaluate the averaged model, as EMA's do: the average
+(and its recomputed batch-norm statistics) goes in at EVAL_START and the trained weights
+come back at EVAL_END. So the run's final evaluation measures the model fit leaves behind.
 """
 from __future__ import annotations
 
@@ -28,6 +32,10 @@ def apply_swa(model: torch.nn.Module, averaged: AveragedModel, batches=(), devic
         update_bn(list(batches), model, device=device)
 
 
+def _weights_and_buffers(model: torch.nn.Module) -> list[torch.Tensor]:
+    return [*model.parameters(), *model.buffers()]
+
+
 class SWA(Algorithm):
     def __init__(self, start: "float | str" = 0.75, update_every: int = 1, bn_batches: int = 50):
         self.start = as_time(start, "start")
@@ -36,6 +44,7 @@ class SWA(Algorithm):
         self.update_every, self.bn_batches = int(update_every), int(bn_batches)
         self.averaged: AveragedModel | None = None
         self._pending = None
+        self._backup: list[torch.Tensor] | None = None   # the trained weights while an evaluation runs
 
     def _restore_pending(self, state):
         if self.averaged is None and self._pending is not None:   # resumed inside the window
@@ -50,15 +59,33 @@ class SWA(Algorithm):
                 self.averaged = AveragedModel(state.model, use_buffers=False)
             self.averaged.update_parameters(state.model)
 
-    def fit_end(self, state, logger):
-        self._restore_pending(state)
-        if self.averaged is None:
-            return
+    def _apply(self, state) -> None:
+        """The average into the model, batch-norm statistics recomputed over the first
+        `bn_batches` training batches of epoch 0 (the same batches every time)."""
         loader = state.train_dataloader
         it = loader.iter_epoch(0) if hasattr(loader, "iter_epoch") else iter(loader)
         batches = (b[0] if isinstance(b, (tuple, list)) else b for b in itertools.islice(it, self.bn_batches))
         has_bn = any(isinstance(m, torch.nn.modules.batchnorm._BatchNorm) for m in state.model.modules())
         apply_swa(state.model, self.averaged, batches if has_bn else (), device=state.device)
+
+    def eval_start(self, state, logger):
+        self._restore_pending(state)
+        if self.averaged is None:
+            return
+        with torch.no_grad():
+            self._backup = [t.detach().clone() for t in _weights_and_buffers(state.model)]
+        self._apply(state)
+
+    def eval_end(self, state, logger):
+        if self._backup is not None:
+            with torch.no_grad():
+                torch._foreach_copy_(_weights_and_buffers(state.model), self._backup)
+            self._backup = None
+
+    def fit_end(self, state, logger):
+        self._restore_pending(state)
+        if self.averaged is not None:
+            self._apply(state)
 
     def state_dict(self):
         return {"averaged": self.averaged.state_dict()} if self.averaged is not None else {}
