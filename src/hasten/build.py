@@ -200,7 +200,9 @@ def _trainer(recipe: Recipe, built: Built, algorithms: list, run_dir: Path, runt
             log_interval=t.log_interval, metrics=built.metrics, algorithms=algorithms, callbacks=callbacks,
             loggers=loggers, runtime=runtime, compile=t.compile, grad_accum=t.grad_accum,
             grad_clip_norm=t.grad_clip_norm, load_path=t.load_path, autoresume=t.autoresume,
-            sync_batchnorm=t.sync_batchnorm)
+            sync_batchnorm=t.sync_batchnorm,
+            fsdp=({"reshard_after_forward": t.fsdp.reshard_after_forward, "blocks": tuple(t.fsdp.blocks),
+                   "activation_checkpointing": t.fsdp.activation_checkpointing} if runtime.world.sharded else None))
     except ValueError as e:
         if isinstance(e, ConfigError):
             raise

@@ -24,6 +24,7 @@ import torch
 from . import __version__
 from .errors import CheckpointError
 from .files import atomic_write, os_error_message
+from .utils import gather_whole
 
 FORMAT = 1
 _NAME = re.compile(r"^ep(\d+)-ba(\d+)\.pt$")
@@ -98,41 +99,67 @@ def _keyed(objs) -> dict:
     return out
 
 
+def _local(p: torch.Tensor) -> torch.Tensor:
+    """This rank's part of a parameter (a sharded DTensor's local shard; the tensor itself otherwise)."""
+    return p.to_local() if hasattr(p, "to_local") else p
+
+
+def _sharded(state) -> bool:
+    world = getattr(state.runtime, "world", None)
+    return world is not None and world.sharded
+
+
 def _check_finite_weights(model: torch.nn.Module) -> None:
-    params = [p.detach() for p in model.parameters() if p.is_floating_point()]
+    params = [_local(p.detach()) for p in model.parameters() if p.is_floating_point()]
+    params = [p for p in params if p.numel()]
     if params and not bool(torch.stack([torch.isfinite(p).all() for p in params]).all()):
-        bad = [n for n, p in model.named_parameters() if p.is_floating_point() and not torch.isfinite(p).all()]
+        bad = [n for n, p in model.named_parameters() if p.is_floating_point() and not torch.isfinite(_local(p)).all()]
         raise CheckpointError(f"refusing to write a checkpoint: non-finite values in {bad[:5]}")
 
 
 def capture(state, extra_meta: dict | None = None) -> dict:
-    """Everything needed to resume, as a payload for CheckpointIO."""
+    """Everything needed to resume, as a payload for CheckpointIO. With a sharded model (FSDP)
+    a collective that every rank calls: the model and the optimizers' state are gathered
+    whole, as ordinary tensors, on rank 0 (`optimizer_style` 'names': their state keyed by
+    parameter names), so the file loads at any world size and into an unsharded model."""
     _check_finite_weights(state.model)
     rng_tensors, rng_meta = _rng_state()
+    sharded = _sharded(state)
     meta = {"hasten_version": __version__, "timestamp": state.timestamp.state_dict(),
             "rng": rng_meta, "last_checkpoint": state.last_checkpoint,
-            "optimizers": [type(o).__name__ for o in state.optimizers]}
+            "optimizers": [type(o).__name__ for o in state.optimizers],
+            "optimizer_style": "names" if sharded else "ids"}
     if extra_meta:
         meta.update(extra_meta)
+    if sharded:
+        from . import fsdp
+        model = fsdp.model_state(state.model)
+        optimizers = [fsdp.optimizer_state(state.model, o) for o in state.optimizers]
+    else:
+        model, optimizers = state.model.state_dict(), [o.state_dict() for o in state.optimizers]
     return {
         "format": FORMAT,
-        "model": state.model.state_dict(),
-        "optimizers": [o.state_dict() for o in state.optimizers],
+        "model": model,
+        "optimizers": optimizers,
         "schedulers": [s.state_dict() if hasattr(s, "state_dict") else {} for s in state.schedulers],
         "scaler": state.scaler.state_dict() if state.scaler is not None else {},
-        "algorithms": {k: a.state_dict() for k, a in _keyed(state.algorithms).items()},
+        "algorithms": {k: gather_whole(a.state_dict()) for k, a in _keyed(state.algorithms).items()},
         "callbacks": {k: c.state_dict() for k, c in _keyed(state.callbacks).items()},
         "rng": rng_tensors,
         "meta": json.dumps(meta),
     }
 
 
-def save(state, path: "str | os.PathLike", io: CheckpointIO, extra_meta: dict | None = None) -> str:
+def save(state, path: "str | os.PathLike", io: CheckpointIO, extra_meta: dict | None = None,
+         write: bool = True) -> str:
     """Write a checkpoint of `state` to `path` and record it as the last good one. Raises
     NonFiniteLossError first if a loss since the last check was NaN/Inf: bad weights are
-    never saved."""
+    never saved. With a sharded model every rank calls it (the state is gathered) and only
+    the one with `write` (rank 0) writes the file."""
     state.read_train_loss(reset=False)
-    io.save(capture(state, extra_meta), path)
+    payload = capture(state, extra_meta)
+    if write:
+        io.save(payload, path)
     state.last_checkpoint = str(path)
     return str(path)
 
@@ -140,10 +167,19 @@ def save(state, path: "str | os.PathLike", io: CheckpointIO, extra_meta: dict | 
 def restore(state, payload: dict, strict: bool = True) -> dict:
     """Load a payload into the state; returns the metadata."""
     meta = json.loads(payload["meta"])
+    sharded, by_names = _sharded(state), meta.get("optimizer_style") == "names"
     try:
-        state.model.load_state_dict(payload["model"], strict=strict)
-    except RuntimeError as e:
-        raise CheckpointError(f"the checkpoint's model does not match this model: {e}") from e
+        if sharded:   # whole tensors into the shards (every rank read the same file)
+            from . import fsdp
+            fsdp.load_model_state(state.model, payload["model"])
+        else:
+            state.model.load_state_dict(payload["model"], strict=strict)
+    except (RuntimeError, KeyError, ValueError) as e:
+        raise CheckpointError(f"the checkpoint's model does not match this model: {_first_line(e)}") from e
+    if sharded and not by_names:
+        raise CheckpointError("this checkpoint was written without sharding (optimizer state keyed by position); "
+                              "resume it with trainer.parallelism=ddp or none, or start a sharded run from its "
+                              "weights alone")
     if len(payload["optimizers"]) != len(state.optimizers):
         raise CheckpointError(f"the checkpoint has {len(payload['optimizers'])} optimizers, "
                               f"this trainer {len(state.optimizers)}")
@@ -154,7 +190,11 @@ def restore(state, payload: dict, strict: bool = True) -> dict:
             raise CheckpointError(f"the checkpoint's optimizer {i} is {saved_types[i]}, this run's is {mine}: "
                                   "its state cannot be loaded; use the optimizer the checkpoint was trained with")
         try:
-            opt.load_state_dict(sd)
+            if by_names:   # written by a sharded run: state keyed by parameter names
+                from . import fsdp
+                fsdp.load_optimizer_state(state.model, opt, sd)
+            else:
+                opt.load_state_dict(sd)
         except (ValueError, KeyError, RuntimeError) as e:
             raise CheckpointError(f"the checkpoint's state for optimizer {i} ({saved_types[i] if saved_types else '?'}) "
                                   f"does not fit this run's {mine}: {e}") from e

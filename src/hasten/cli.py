@@ -101,10 +101,11 @@ def _launch_torchrun(args, recipe) -> int:
     import subprocess
 
     from .build import build_algorithms
-    from .core.algorithm import ddp_refusal_message
+    from .core.algorithm import parallel_refusal_message
     if args.nproc < 1:
         raise ConfigError(f"--nproc {args.nproc}: give at least 1 process")
-    refused = ddp_refusal_message(build_algorithms(recipe)) if args.nproc > 1 else None
+    mode = "fsdp" if recipe.trainer.parallelism == "fsdp" else "ddp"
+    refused = parallel_refusal_message(build_algorithms(recipe), mode) if args.nproc > 1 or mode == "fsdp" else None
     if refused:
         raise ConfigError(refused)
     argv = [a for i, a in enumerate(args.argv) if a != "--nproc" and not a.startswith("--nproc=")

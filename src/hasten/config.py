@@ -31,6 +31,17 @@ RECIPE_SCHEMA_VERSION = 2   # recipe.yaml files in run folders record it; raised
 
 # ------------------------------------------------------------------------------ sections
 @dataclass
+class FSDPSettings:
+    """`trainer.fsdp`: sharded training (trainer.parallelism=fsdp, FSDP2; docs/distributed.md)."""
+    reshard_after_forward: bool = True
+    """true: free each block's gathered parameters after its forward (ZeRO-3, least memory); false: keep them for the backward (ZeRO-2 style)."""
+    activation_checkpointing: bool = False
+    """Recompute each block's activations in the backward instead of keeping them."""
+    blocks: list[str] = field(default_factory=list)
+    """Modules sharded as units: name patterns (blocks.*) or class names (Block); default: the model's fsdp_blocks()."""
+
+
+@dataclass
 class TrainerConfig:
     """The `trainer` section: how long, how often, on what, with which precision."""
     max_duration: str = setting("1ep", time=True)
@@ -69,8 +80,10 @@ class TrainerConfig:
     """Write TensorBoard event files, when the tensorboard package is installed."""
     threads: Optional[int] = setting(None, ge=1)
     """torch.set_num_threads; default: leave as it is."""
-    parallelism: Literal["auto", "none", "ddp"] = "auto"
-    """How processes launched by torchrun train together: ddp (data-parallel), none, or auto (ddp with more than one process)."""
+    parallelism: Literal["auto", "none", "ddp", "fsdp"] = "auto"
+    """How processes launched by torchrun train together: ddp (data-parallel), fsdp (data-parallel, model sharded), none, or auto (ddp with more than one process)."""
+    fsdp: FSDPSettings = field(default_factory=FSDPSettings)
+    """Sharded training's settings (trainer.fsdp.*), read under parallelism=fsdp."""
     sync_batchnorm: bool = False
     """Under ddp: batch norm over the whole global batch (torch SyncBatchNorm, CUDA only); off: each rank's share (ghost batch norm)."""
     dist_timeout_s: float = setting(600.0, gt=0)
@@ -394,7 +407,7 @@ def reference() -> str:
              "Generated from the config classes (`python -m hasten.config > docs/configuration-reference.md`); "
              "a test checks that it is current. Ranges are checked when a recipe is loaded. "
              "See [configuration.md](configuration.md) for recipes and overrides.", ""]
-    sections = [("trainer", TrainerConfig), ("optimizer", OptimizerConfig), ("optimizer.sgd", SGDSettings),
+    sections = [("trainer", TrainerConfig), ("trainer.fsdp", FSDPSettings), ("optimizer", OptimizerConfig), ("optimizer.sgd", SGDSettings),
                 ("optimizer.adam", AdamSettings), ("optimizer.muon", MuonSettings), ("schedule", ScheduleConfig)]
     for name, cls in sections:
         parts += [f"## {name}", "", (cls.__doc__ or "").strip(), "", reference_table(cls, name), ""]

@@ -48,7 +48,9 @@ _NO_AUTOCAST = contextlib.nullcontext()   # reusable: fp32 steps enter no real c
 @dataclass(frozen=True)
 class World:
     """The processes of a run: this one's rank, its rank on its machine, how many there are,
-    and how they train together ('none': one process; 'ddp': data-parallel)."""
+    and how they train together ('none': one process; 'ddp': data-parallel, every rank holding
+    the whole model; 'fsdp': data-parallel with parameters, gradients and optimizer state
+    sharded across the ranks)."""
     rank: int = 0
     local_rank: int = 0
     size: int = 1
@@ -62,7 +64,13 @@ class World:
 
     @property
     def data_parallel(self) -> bool:
-        return self.parallelism == "ddp"
+        """Each rank trains on its share of every global batch (ddp and fsdp alike)."""
+        return self.parallelism in ("ddp", "fsdp")
+
+    @property
+    def sharded(self) -> bool:
+        """The model is sharded across the ranks (fsdp): saving and loading it are collectives."""
+        return self.parallelism == "fsdp"
 
 
 def launched_world() -> tuple[int, int, int]:
@@ -139,8 +147,9 @@ def make_runtime(device: "str | torch.device" = "auto", precision: str = "fp32",
     (`torch.set_num_threads`, when given), the host allocator, the seeds.
 
     parallelism: 'auto' (ddp when launched with more than one process, none otherwise),
-    'none', or 'ddp'; timeout_s bounds every collective, so a lost rank stops the others
-    with an error instead of a hang.
+    'none', 'ddp', or 'fsdp' (sharded; also in one process, a mesh of one, to measure it);
+    timeout_s bounds every collective, so a lost rank stops the others with an error instead
+    of a hang.
 
     host_allocator: 'default' (the default for library users) leaves glibc malloc alone;
     'auto' tunes it when training on the CPU (`hasten train` and `hasten bench` ask for
@@ -154,8 +163,6 @@ def make_runtime(device: "str | torch.device" = "auto", precision: str = "fp32",
         raise ValueError(f"seed must be a whole number >= 0, got {seed!r}")
     if parallelism not in PARALLELISMS:
         raise ValueError(f"parallelism={parallelism!r}: use one of {PARALLELISMS}")
-    if parallelism == "fsdp":
-        raise ValueError("parallelism=fsdp (sharded training) is not available yet: use ddp")
     if not timeout_s > 0:
         raise ValueError(f"timeout_s must be positive, got {timeout_s!r}")
     if threads is not None:
@@ -184,7 +191,7 @@ def _join_world(parallelism: str, device: torch.device, timeout_s: float) -> Wor
         return World()
     import torch.distributed as dist
     if not dist.is_available():
-        raise ValueError("parallelism=ddp needs torch.distributed, which this build of torch lacks")
+        raise ValueError(f"parallelism={parallelism} needs torch.distributed, which this build of torch lacks")
     if device.type == "cuda":
         torch.cuda.set_device(local_rank)
     owns = False
@@ -192,13 +199,13 @@ def _join_world(parallelism: str, device: torch.device, timeout_s: float) -> Wor
         if size > 1 and "MASTER_ADDR" not in os.environ:
             raise ValueError("WORLD_SIZE is set but MASTER_ADDR is not: launch with torchrun "
                              "(torchrun --nproc-per-node N -m hasten.cli train ...)")
-        if size == 1:   # ddp in one process (to measure its overhead): a local group of one
+        if size == 1:   # ddp or fsdp in one process (to measure its overhead): a local group of one
             os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
             os.environ.setdefault("MASTER_PORT", str(_free_port()))
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo", rank=rank, world_size=size,
                                 timeout=datetime.timedelta(seconds=timeout_s))
         owns = True
-    return World(rank=dist.get_rank(), local_rank=local_rank, size=dist.get_world_size(), parallelism="ddp",
+    return World(rank=dist.get_rank(), local_rank=local_rank, size=dist.get_world_size(), parallelism=parallelism,
                  owns_group=owns)
 
 

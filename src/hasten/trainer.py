@@ -21,7 +21,7 @@ import torch.nn.functional as F
 
 from .checkpoint import CheckpointIO, load_latest, restore, save
 from .core import Algorithm, Engine, Event, Interval, State, Time, TimeUnit
-from .core.algorithm import ddp_refusal_message
+from .core.algorithm import parallel_refusal_message
 from .data import sharding
 from .data.resumable import epoch_iterator
 from .errors import TrainingError
@@ -111,6 +111,8 @@ class Trainer:
         micro-batches, so grad_accum=k equals one batch k times larger.
     sync_batchnorm: under data parallelism, normalise batch-norm layers over the whole global
         batch (torch.nn.SyncBatchNorm, CUDA only in torch 2.13) instead of each rank's share.
+    fsdp: under parallelism 'fsdp', hasten.fsdp.FSDPOptions or a dict of them
+        (reshard_after_forward, activation_checkpointing, blocks); see docs/distributed.md.
     host_allocator: 'default' (the default) leaves glibc malloc as it is; 'auto' tunes its
         thresholds when training on the CPU (what `hasten train` does), 'tuned' whatever the
         device (see hasten.allocator).
@@ -147,6 +149,7 @@ class Trainer:
         host_allocator: str | None = None,
         runtime: Runtime | None = None,
         sync_batchnorm: bool = False,
+        fsdp: "dict | None" = None,
     ):
         if not isinstance(grad_accum, int) or grad_accum < 1:
             raise ValueError(f"grad_accum must be a whole number >= 1, got {grad_accum!r}")
@@ -212,17 +215,31 @@ class Trainer:
         self.eval_interval = Interval(eval_interval)
         self.log_interval = Interval(log_interval)
 
-        # INIT: model surgery happens here; then optimizers and schedulers are built.
+        # INIT: model surgery happens here; then (FSDP: the model is sharded) optimizers and
+        # schedulers are built, so they hold the parameters as they will train.
         self.engine.run(INIT)
+        if self.world.data_parallel:
+            refused = parallel_refusal_message(self.state.algorithms, self.world.parallelism)
+            if refused:
+                raise ValueError(refused)
+        if self.world.sharded:
+            if sync_batchnorm:
+                raise ValueError("sync_batchnorm is for parallelism=ddp; under fsdp each rank normalises its own "
+                                 "share (ghost batch norm of the per-rank batch)")
+            from .fsdp import FSDPOptions, shard_model
+            opts = fsdp if isinstance(fsdp, FSDPOptions) else FSDPOptions(**(fsdp or {}))
+            shard_model(self.state.model, self.device, self.world.size, precision, opts)
+        elif fsdp:
+            raise ValueError("fsdp options were given but the run is not sharded: set parallelism=fsdp "
+                             "(trainer.parallelism=fsdp) or leave the fsdp options out")
         self.state.optimizers = self._build_optimizers(optimizers)
         self.state.schedulers = self._build_schedulers(schedulers)
         if precision == "fp16-mixed":
             self.state.scaler = torch.amp.GradScaler(self.device.type)
         self._ddp, model = None, self.state.model
-        if self.world.data_parallel:   # after INIT: model surgery is done; DDP broadcasts rank 0's weights
-            refused = ddp_refusal_message(self.state.algorithms)
-            if refused:
-                raise ValueError(refused)
+        # gradient accumulation: reduce gradients across ranks on the last micro-batch only
+        self._grad_sync = model.set_requires_gradient_sync if self.world.sharded else None
+        if self.world.parallelism == "ddp":   # after INIT: model surgery is done; DDP broadcasts rank 0's weights
             if sync_batchnorm:
                 if self.device.type != "cuda":
                     raise ValueError("sync_batchnorm needs CUDA (torch's SyncBatchNorm refuses CPU tensors); on the "
@@ -233,8 +250,11 @@ class Trainer:
             options = {k: v for a in self.state.algorithms for k, v in a.ddp_options().items()}
             self._ddp = DistributedDataParallel(model, device_ids=[self.device.index] if self.device.type == "cuda" else None,
                                                 **options)
+            self._grad_sync = lambda sync: setattr(self._ddp, "require_backward_grad_sync", sync)   # what no_sync() sets
         self.state.forward_model = self._compile(self._ddp or model, compile)
-        self._eval_model = model if self._ddp is not None else self.state.forward_model   # no collectives in evaluation
+        # DDP: evaluate the module inside (no collectives in evaluation); FSDP: the sharded model
+        # itself (its forward gathers parameters: every rank runs every evaluation batch)
+        self._eval_model = model if self._ddp is not None else self.state.forward_model
         self.state.batch_fn, self.state.autocast = batch_fn, runtime.autocast
 
         self._sharding, self._rank_scale = None, 1.0   # data parallel: who shares the batch; this rank's weight
@@ -302,8 +322,10 @@ class Trainer:
         self.engine.rebuild()
 
     def _on_this_rank(self, callbacks) -> list:
-        """The callbacks that run on this rank: all on rank 0, those that do not write elsewhere."""
-        return [c for c in callbacks if self.world.is_main or not getattr(c, "main_rank_only", False)]
+        """The callbacks that run on this rank: all on rank 0, those that do not write elsewhere;
+        with a sharded model also the checkpointer (gathering the model takes every rank)."""
+        return [c for c in callbacks if self.world.is_main or not getattr(c, "main_rank_only", False)
+                or (self.world.sharded and c is self.checkpointer)]
 
     def add_algorithms(self, *algorithms) -> None:
         """Add algorithms after the Trainer is built, before fit. One that listens to INIT
@@ -329,8 +351,9 @@ class Trainer:
 
     # ------------------------------------------------------------------ checkpoints
     def save_checkpoint(self, path) -> str:
-        """Write a checkpoint of the current state (atomically)."""
-        return save(self.state, path, self.checkpoint_io)
+        """Write a checkpoint of the current state (atomically). With a sharded model every rank
+        calls it (the model is gathered) and rank 0 writes."""
+        return save(self.state, path, self.checkpoint_io, write=self.world.is_main)
 
     def load_checkpoint(self, path) -> dict:
         return self._restore(path, self.checkpoint_io.load(path))
@@ -488,14 +511,14 @@ class Trainer:
         DDP's gradient average is the global mean, and gradients are all-reduced on the last
         micro-batch only (what `no_sync` does)."""
         fire, on, autocast, batch_fn = self.engine.run, self.engine.active, self._autocast_ctx, self.batch_fn
-        batch, k, ddp, scale = state.batch, state.grad_accum, self._ddp, self._rank_scale
+        batch, k, grad_sync, scale = state.batch, state.grad_accum, self._grad_sync, self._rank_scale
         micros = (batch,) if k == 1 else split_batch(batch, k)
         total = batch_size(batch) if k > 1 or scale != 1.0 else 0
         for i, micro in enumerate(micros):
             state.micro_batch, state.micro_batch_index = micro, i
             state.micro_batch_weight = batch_size(micro) / total * scale if total else scale
-            if ddp is not None:
-                ddp.require_backward_grad_sync = i == k - 1   # what ddp.no_sync() sets: all-reduce on the last only
+            if grad_sync is not None:
+                grad_sync(i == k - 1)                                  # reduce across ranks on the last only
             if BEFORE_FORWARD in on: fire(BEFORE_FORWARD)                              # noqa: E701
             inputs, targets = batch_fn(state.micro_batch)
             with autocast:
@@ -724,13 +747,15 @@ class Trainer:
         state = self.state
         what = "Ctrl-C" if self._signal_name == "sigint" else "SIGTERM"
         state.stop_training, state.stop_reason = True, self._signal_name or "sigterm"
-        if not self.world.is_main:
+        if not (self.world.is_main or self.world.sharded):   # a sharded model is gathered by every rank
             return
         if self.checkpointer is None:
-            warnings.warn(f"{what} received: training stopped; no save_folder, so no checkpoint was written")
+            if self.world.is_main:
+                warnings.warn(f"{what} received: training stopped; no save_folder, so no checkpoint was written")
             return
         path = self.checkpointer.save(state)
-        print(f"{what} received: checkpoint written to {path}; resume with autoresume=True", flush=True)
+        if self.world.is_main:
+            print(f"{what} received: checkpoint written to {path}; resume with autoresume=True", flush=True)
 
     # ------------------------------------------------------------------ evaluate / predict
     @torch.inference_mode()
@@ -755,7 +780,10 @@ class Trainer:
                 if shared.mode == "trainer":
                     batch = shard_batch(batch, world.rank, world.size)
                 if batch_size(batch) == 0:
-                    continue
+                    if not world.sharded:
+                        continue
+                    forward(state.forward_model, self.batch_fn(to_device(batch, self.device))[0])   # FSDP: every
+                    continue                                       # rank joins every forward's parameter gathers
             batch = to_device(batch, self.device)
             state.batch = batch
             run(EVAL_BATCH_START)

@@ -1,5 +1,6 @@
 """Every packaged algorithm for a few steps under data parallelism (run as each of N
-processes with torchrun's environment, or alone). Rank 0 writes {name: "ok" | "refused: ..."}.
+processes with torchrun's environment, or alone; JOB_PARALLEL=fsdp shards the model). Rank 0
+writes {name: "ok" | "refused: ..." | "error: ..."}.
 
     python ddp_algorithms.py OUT.json
 """
@@ -52,17 +53,19 @@ def lm_run(name, params, rt):
 
 def main(out):
     torch.set_num_threads(1)
-    rt = make_runtime(device="cpu", seed=0, timeout_s=60)
+    import os
+    rt = make_runtime(device="cpu", seed=0, timeout_s=60, parallelism=os.environ.get("JOB_PARALLEL", "auto"))
     results = {}
     for name, params in {**VISION, **LM}.items():
         try:
             tr = (lm_run if name in LM else vision_run)(name, params, rt)
             tr.fit()
         except Exception as e:   # refusals and failures are reported, so one run shows them all
-            refused = isinstance(e, ValueError) and "data-parallel" in str(e)
+            refused = isinstance(e, ValueError) and ("data-parallel" in str(e) or "sharded model" in str(e))
             results[name] = ("refused: " if refused else f"error: {type(e).__name__}: ") + str(e)
             continue
-        w = torch.cat([p.detach().flatten() for p in tr.state.model.parameters()])
+        w = torch.cat([(p.full_tensor() if hasattr(p, "full_tensor") else p).detach().flatten()
+                       for p in tr.state.model.parameters()])
         results[name] = "ok" if torch.isfinite(w).all() else "non-finite weights"
         if rt.world.size > 1:   # the ranks hold the same weights after each run
             import torch.distributed as dist

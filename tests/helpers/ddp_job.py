@@ -10,9 +10,11 @@ Rank 0 writes the final weights, the evaluation and the logged training losses t
 
 Environment: JOB_LOADER=hasten gives the mlp a make_dataloader loader (rank shares loaded by
 its batch sampler) instead of a plain DataLoader; JOB_LOADER=distsampler a DataLoader over a
-DistributedSampler with the per-rank batch; JOB_ALGO=layer_freezing or infobatch adds that
+DistributedSampler with the per-rank batch; JOB_ALGO=ema, layer_freezing or infobatch adds that
 algorithm (infobatch: 4 epochs, each rank records the samples of every epoch's plan);
-JOB_TRAP=1 makes host synchronisation inside a training step an error."""
+JOB_TRAP=1 makes host synchronisation inside a training step an error. JOB_PARALLEL=fsdp
+shards the model (FSDP2; JOB_RESHARD=0 keeps parameters gathered between forward and
+backward); JOB_PRECISION sets the precision (default fp32); JOB_OPT=muon trains the gpt with Muon."""
 import json
 import os
 import sys
@@ -36,7 +38,9 @@ class Remember(LoggerDestination):
 
 def main(model_name: str, out: str, grad_accum: int = 1, sigterm_rank1_at: int = 0, save: str = "") -> None:
     torch.set_num_threads(1)
-    rt = make_runtime(device="cpu", seed=0, timeout_s=60)
+    parallel = os.environ.get("JOB_PARALLEL", "auto")
+    rt = make_runtime(device="cpu", seed=0, timeout_s=60, parallelism=parallel,
+                      precision=os.environ.get("JOB_PRECISION", "fp32"))
     g = torch.Generator().manual_seed(1)
     loader_kind, algo_name = os.environ.get("JOB_LOADER", "plain"), os.environ.get("JOB_ALGO", "")
     duration = "4ep" if algo_name == "infobatch" else "12ba"
@@ -83,9 +87,15 @@ def main(model_name: str, out: str, grad_accum: int = 1, sigterm_rank1_at: int =
         train = RandomWindows(tokens[:1500], block_size=16, batch_size=6, seed=0)
         evald = EvalWindows(tokens[1500:], block_size=16, batch_size=5)
         opt = lambda m: torch.optim.AdamW(m.parameters(), lr=3e-3)   # noqa: E731
+        if os.environ.get("JOB_OPT") == "muon":   # Muon (fp32 Newton-Schulz) for the blocks' matrices, AdamW for the rest
+            from hasten.optim.muon import muon_optimizers
+            opt = lambda m: muon_optimizers(m, muon_lr=0.02, adam_lr=3e-3, ns_dtype="fp32")   # noqa: E731
     logger = Remember()
     algos, kept = [], []
-    if algo_name == "layer_freezing":
+    if algo_name == "ema":
+        from hasten.algorithms import EMA
+        algos.append(EMA(half_life="0.25dur"))
+    elif algo_name == "layer_freezing":
         from hasten.algorithms import LayerFreezing
         algos.append(LayerFreezing(start=0.25, fraction=0.5))
     elif algo_name == "infobatch":
@@ -134,15 +144,21 @@ def main(model_name: str, out: str, grad_accum: int = 1, sigterm_rank1_at: int =
                  eval_interval="1000ba" if trap else "6ba", log_interval="1000ba" if trap else "3ba", metrics=metrics, loggers=[logger], runtime=rt, grad_accum=grad_accum,
                  algorithms=algos, save_folder=save or None, save_interval=os.environ.get("JOB_SAVE_EVERY", "100ba"),
                  autoresume=bool(save) and os.environ.get("JOB_RESUME") == "1",
-                 callbacks=extra_callbacks if algo_name == "infobatch" else ())
+                 callbacks=extra_callbacks if algo_name == "infobatch" else (),
+                 fsdp={"reshard_after_forward": os.environ.get("JOB_RESHARD", "1") == "1"} if parallel == "fsdp" else None)
     tr.fit()
     trapped = [a.steps for a in algos if type(a).__name__ == "Trap"]
     with open(f"{out}.rank{rt.world.rank}.json", "w") as f:
         json.dump({"batch": tr.state.timestamp.batch, "stop_reason": tr.state.stop_reason,
                    "last_checkpoint": tr.state.last_checkpoint, "kept": kept, "sample": tr.state.timestamp.sample,
                    "trapped_steps": trapped[0] if trapped else None}, f)
+    if rt.world.sharded:   # gathered whole on rank 0 (a collective)
+        from hasten.fsdp import model_state
+        weights = model_state(tr.state.model)
+    else:
+        weights = {k: v.clone() for k, v in tr.state.model.state_dict().items()}
     if rt.world.is_main:
-        torch.save({"weights": {k: v.clone() for k, v in tr.state.model.state_dict().items()},
+        torch.save({"weights": weights,
                     "eval": tr.state.eval_metrics, "logged": logger.rows, "world": rt.world.size,
                     "samples": tr.state.timestamp.sample}, out)
     rt.close()

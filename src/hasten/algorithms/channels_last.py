@@ -23,6 +23,10 @@ def to_channels_last(x):
 
 
 class ChannelsLast(Algorithm):
+    def fsdp_refusal(self):
+        return ("FSDP2 (torch 2.13) does not shard non-contiguous parameters, and channels-last conv kernels are "
+                "that; drop channels_last under parallelism=fsdp (or use ddp)")
+
     def init(self, state, logger):
         apply_channels_last(state.model)
 

@@ -67,6 +67,10 @@ def chunked_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targets: t
 
 
 class ChunkedCrossEntropy(Algorithm):
+    def fsdp_refusal(self):
+        return ("it multiplies the output head's weight outside the model's forward, where FSDP keeps it "
+                "sharded; drop it under parallelism=fsdp (or use ddp)")
+
     def __init__(self, chunk_size: int = 4096, head: str = "lm_head"):
         self.chunk_size, self.head = int(chunk_size), head
 

@@ -25,6 +25,7 @@ import warnings
 import torch
 
 from ..core import Algorithm, Time
+from ..utils import local_tensors, sharded_like
 
 
 @torch.no_grad()
@@ -63,8 +64,11 @@ class EMA(Algorithm):
         self._backup: list[torch.Tensor] | None = None
 
     def _init(self, state) -> None:
+        live = _tensors(state.model)
         if self.ema is None:
-            self.ema = [t.detach().clone() for t in _tensors(state.model)]
+            self.ema = [t.detach().clone() for t in live]   # sharded like the model under FSDP
+        else:   # loaded whole from a checkpoint: shard it as the model is
+            self.ema = [sharded_like(e, t) for e, t in zip(self.ema, live)]
         batch = state.batch_fraction()   # one batch as a fraction of the run (0: unknown)
         if self.half_life is not None:
             if not batch:
@@ -87,7 +91,7 @@ class EMA(Algorithm):
         if state.timestamp.batch % self.update_every == 0 and state.progress >= state.fraction_of(self.start):
             self.updates += 1
             d = self.decay ** self.update_every   # decay per update, compounded over the batches between
-            ema_update(self.ema, [t.detach() for t in _tensors(state.model)],
+            ema_update(local_tensors(self.ema), local_tensors([t.detach() for t in _tensors(state.model)]),
                        1.0 - ema_weight(d, self.updates, self.bias_correction))
 
     def eval_start(self, state, logger):
@@ -101,17 +105,17 @@ class EMA(Algorithm):
     def fit_end(self, state, logger):
         if self.final_swap and self.ema is not None:
             with torch.no_grad():
-                torch._foreach_copy_(_tensors(state.model), self.ema)
+                torch._foreach_copy_(local_tensors(_tensors(state.model)), local_tensors(self.ema))
 
     @torch.no_grad()
     def _swap_in(self, state):
-        live = _tensors(state.model)
+        live = local_tensors(_tensors(state.model))
         self._backup = [t.detach().clone() for t in live]
-        torch._foreach_copy_(live, self.ema)
+        torch._foreach_copy_(live, local_tensors(self.ema))
 
     @torch.no_grad()
     def _swap_out(self, state):
-        torch._foreach_copy_(_tensors(state.model), self._backup)
+        torch._foreach_copy_(local_tensors(_tensors(state.model)), self._backup)
         self._backup = None
 
     def state_dict(self):

@@ -18,6 +18,7 @@ from __future__ import annotations
 import torch
 
 from ..core import Algorithm
+from ..utils import local_tensors, sharded_like
 
 
 @torch.no_grad()
@@ -49,15 +50,19 @@ class Lookahead(Algorithm):
         return 1.0 - (1.0 - self.alpha) * min(max(progress, 0.0), 1.0) ** self.ramp
 
     def fit_start(self, state, logger):
+        live = self._params(state)
         if self.slow is None:
-            self.slow = [p.detach().clone() for p in self._params(state)]
+            self.slow = [p.detach().clone() for p in live]   # sharded like the model under FSDP
+        else:   # loaded whole from a checkpoint: shard it as the model is
+            self.slow = [sharded_like(s, p) for s, p in zip(self.slow, live)]
 
     def after_optim_step(self, state, logger):
         self.steps += 1
         if self.steps % self.k == 0:
             # progress including the step just taken (the timestamp advances after this event)
             done = min(state.progress + state.batch_fraction(), 1.0)
-            lookahead_sync(self.slow, [p.detach() for p in self._params(state)], self.alpha_at(done))
+            lookahead_sync(local_tensors(self.slow), local_tensors([p.detach() for p in self._params(state)]),
+                           self.alpha_at(done))
 
     def state_dict(self):
         return {"slow": self.slow, "steps": self.steps} if self.slow is not None else {}

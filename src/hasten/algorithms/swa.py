@@ -37,6 +37,10 @@ def _weights_and_buffers(model: torch.nn.Module) -> list[torch.Tensor]:
 
 
 class SWA(Algorithm):
+    def fsdp_refusal(self):
+        return ("it keeps torch's AveragedModel, a deep copy of the model, which FSDP2 does not allow; use "
+                "EMA, which keeps sharded copies, or parallelism=ddp")
+
     def __init__(self, start: "float | str" = 0.75, update_every: int = 1, bn_batches: int = 50):
         self.start = as_time(start, "start")
         if self.start.unit.value == "dur" and self.start.value >= 1.0:

@@ -79,7 +79,10 @@ def remove_owned(folder: Path, name: str) -> bool:
 
 
 class Checkpoint(Callback):
-    main_rank_only = True   # under data parallelism, rank 0 alone writes
+    """Under data parallelism rank 0 alone writes. With a sharded model (FSDP) the Trainer runs
+    this callback on every rank, since gathering the model for a checkpoint takes them all;
+    only rank 0 touches the folder."""
+    main_rank_only = True
 
     def __init__(self, folder: str, interval: "str | Time" = "1ep", keep_last: int | None = 2,
                  keep_best: int = 0, monitor: str | None = None, mode: str = "min",
@@ -95,6 +98,7 @@ class Checkpoint(Callback):
         self.keep_last, self.keep_best, self.monitor, self.mode = keep_last, keep_best, monitor, mode
         self.io = io or CheckpointIO()
         self.run_id: str | None = None
+        self._saved_at: int | None = None   # the batch this fit last saved (or resumed) at, on every rank
         self.saved: list[dict] = []    # this run's entries in the index, oldest first
         self._others: list[dict] = []  # entries of other runs: kept in the index, never touched
         self._lock = FolderLock(self.folder, "checkpoint folder")
@@ -135,8 +139,18 @@ class Checkpoint(Callback):
         self._lock.release()
 
     # ------------------------------------------------------------------ events
+    @staticmethod
+    def _writes(state) -> bool:
+        """Whether this process writes the folder (rank 0, or the only process)."""
+        world = getattr(state.runtime, "world", None)
+        return world is None or world.is_main
+
     def fit_start(self, state, logger):
-        self.claim(state)
+        if self._writes(state):
+            self.claim(state)
+        resumed = (state.resumed_from or {}).get("path")
+        here = resumed and Path(resumed).resolve().parent == self.folder.resolve()
+        self._saved_at = state.timestamp.batch if here else None   # a run resumed here needs no save at once
         self.interval.start(state.timestamp, state.progress)
 
     def checkpoint(self, state, logger):
@@ -144,22 +158,27 @@ class Checkpoint(Callback):
             self.save(state)
 
     def fit_end(self, state, logger):
-        if not self.saved or self.saved[-1]["batch"] != state.timestamp.batch:
+        if self._saved_at != state.timestamp.batch:   # decided alike on every rank
             self.save(state)
         self.release()
 
     def save(self, state) -> str:
-        self.claim(state)
+        writes = self._writes(state)
+        if writes:
+            self.claim(state)
         state.read_train_loss(reset=False)  # check before recording: never list a checkpoint of bad weights
         name = checkpoint_name(state)
         if self.io.suffix != ".pt":
             name = name[:-3] + self.io.suffix
         path = self.folder / name
-        if os.path.lexists(path) and name not in {s["name"] for s in self.saved}:
+        if writes and os.path.lexists(path) and name not in {s["name"] for s in self.saved}:
             raise RunFolderError(f"{path} exists and belongs to another run; hasten does not overwrite it. "
                                  "Move it away, or give this run a checkpoint folder of its own.")
         metric = state.eval_metrics.get(self.monitor) if self.monitor else None
-        save(state, path, self.io, {"run_id": self.run_id})
+        save(state, path, self.io, {"run_id": self.run_id}, write=writes)   # a collective under FSDP
+        self._saved_at = state.timestamp.batch
+        if not writes:
+            return str(path)
         self.saved = [s for s in self.saved if s["name"] != name]
         self.saved.append({"name": name, "run": self.run_id, "batch": state.timestamp.batch, "metric": metric})
         self._write_index()      # the new checkpoint is recorded before anything is pruned

@@ -61,6 +61,11 @@ class Algorithm:
         None when it can. The Trainer refuses it at start, with the reason, under DDP."""
         return None
 
+    def fsdp_refusal(self) -> str | None:
+        """Why this algorithm cannot run with a sharded model (parallelism 'fsdp'), or None when
+        it can. The default: what `ddp_refusal` says."""
+        return self.ddp_refusal()
+
     def ddp_options(self) -> dict:
         """Keyword arguments this algorithm needs DistributedDataParallel built with, e.g.
         `{"find_unused_parameters": True}` for one that freezes parameters part-way through the
@@ -91,11 +96,14 @@ class Algorithm:
                 setattr(cls, event.value, (lambda ev: lambda self, state, logger: self.apply(ev, state, logger))(event))
 
 
-def ddp_refusal_message(algorithms) -> str | None:
-    """One message naming every algorithm that cannot run data-parallel, with its reason; None
-    when all can (the Trainer refuses at start with it; `hasten train --nproc` before launching)."""
-    refused = [f"{a.name}: {a.ddp_refusal()}" for a in algorithms if a.ddp_refusal()]
-    return "cannot train data-parallel with " + "; ".join(refused) if refused else None
+def parallel_refusal_message(algorithms, parallelism: str = "ddp") -> str | None:
+    """One message naming every algorithm that cannot run under `parallelism` ('ddp' or
+    'fsdp'), with its reason; None when all can (the Trainer refuses at start with it;
+    `hasten train --nproc` before launching)."""
+    why = (lambda a: a.fsdp_refusal()) if parallelism == "fsdp" else (lambda a: a.ddp_refusal())
+    refused = [f"{a.name}: {why(a)}" for a in algorithms if why(a)]
+    what = "with a sharded model (fsdp)" if parallelism == "fsdp" else "data-parallel"
+    return f"cannot train {what} with " + "; ".join(refused) if refused else None
 
 
 for _event in Event:

@@ -154,6 +154,10 @@ class GPT(nn.Module):
         elif isinstance(m, nn.Embedding):
             nn.init.normal_(m.weight, mean=0.0, std=0.02)
 
+    def fsdp_blocks(self) -> list[nn.Module]:
+        """The units sharded together under FSDP: the transformer blocks (hasten.fsdp)."""
+        return list(self.blocks)
+
     def num_params(self, non_embedding: bool = True) -> int:
         n = sum(p.numel() for p in self.parameters())
         if non_embedding and self.wpe is not None:

@@ -34,6 +34,10 @@ class ResNet9(nn.Module):
         self.pool = nn.AdaptiveMaxPool2d(1)
         self.fc = nn.Linear(w[3], num_classes, bias=False)
 
+    def fsdp_blocks(self) -> list[nn.Module]:
+        """The units sharded together under FSDP: the three layers (hasten.fsdp)."""
+        return [self.layer1, self.layer2, self.layer3]
+
     def forward(self, x):
         x = self.layer3(self.layer2(self.layer1(self.prep(x))))
         return self.fc(torch.flatten(self.pool(x), 1))
@@ -112,6 +116,10 @@ class ResNet(nn.Module):
             for m in self.modules():
                 if isinstance(m, (BasicBlock, Bottleneck)):
                     nn.init.zeros_(m.branch[-1].weight)
+
+    def fsdp_blocks(self) -> list[nn.Module]:
+        """The units sharded together under FSDP: the residual blocks of every stage (hasten.fsdp)."""
+        return [block for stage in self.stages for block in stage]
 
     def forward(self, x):
         return self.fc(torch.flatten(self.pool(self.stages(self.stem(x))), 1))

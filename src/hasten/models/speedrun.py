@@ -53,6 +53,10 @@ class SpeedrunNet(nn.Module):
             with torch.no_grad():
                 self.head.weight.mul_(head_std / self.head.weight.std())
 
+    def fsdp_blocks(self) -> list[nn.Module]:
+        """The units sharded together under FSDP: the three conv groups (hasten.fsdp)."""
+        return list(self.groups)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = self.groups(self.stem_act(self.whiten(x)))
         return self.head(torch.flatten(self.pool(x), 1)) * self.logit_scale

@@ -92,6 +92,22 @@ def _matrix(t: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     return t.reshape(t.shape[0], -1)
 
 
+def _is_dtensor(t: torch.Tensor) -> bool:
+    from torch.distributed.tensor import DTensor
+    return isinstance(t, DTensor)
+
+
+def _whole_matrix_update(update, orthogonalise):
+    """Muon under FSDP: the Newton-Schulz iteration needs the whole matrix, so the sharded
+    update is gathered (every rank computes the same orthogonalisation) and each rank keeps
+    its shard of the result. The momentum buffers stay sharded; the gather costs one
+    all-gather of each matrix per step, and the iteration runs on every rank."""
+    from torch.distributed.tensor import distribute_tensor
+    whole = update.full_tensor()
+    done = orthogonalise(_matrix(whole, whole)).reshape(whole.shape).to(update.dtype)
+    return distribute_tensor(done, update.device_mesh, update.placements, src_data_rank=None)
+
+
 class ConvMuon(torch.optim.Muon):
     """torch.optim.Muon for parameters of rank >= 2: each parameter and its gradient are seen
     as a matrix (dim 0 by the rest, a view of the parameter, so the update lands in place).
@@ -140,8 +156,9 @@ class ConvMuon(torch.optim.Muon):
                 # the same update as torch.optim.Muon, with the iteration in the chosen dtype
                 buf.lerp_(g, 1 - mom)
                 update = g.lerp(buf, mom) if group["nesterov"] else buf
-                update = newton_schulz(update, group["ns_coefficients"], group["ns_steps"], group["eps"],
-                                       NS_DTYPES[group.get("ns_dtype", "fp32")])
+                orthogonalise = lambda m: newton_schulz(m, group["ns_coefficients"], group["ns_steps"],  # noqa: E731
+                                                        group["eps"], NS_DTYPES[group.get("ns_dtype", "fp32")])
+                update = _whole_matrix_update(update, orthogonalise) if _is_dtensor(p) else orthogonalise(update)
                 p.mul_(1 - lr * wd)
                 p.add_(update, alpha=-lr * _lr_ratio(group["adjust_lr_fn"], *p.shape))
         return loss
@@ -149,6 +166,14 @@ class ConvMuon(torch.optim.Muon):
     def _init_group(self, group, params_with_grad, grads, muon_momentum_bufs):
         for p in group["params"]:
             if p.grad is None:
+                continue
+            if _is_dtensor(p):   # sharded (FSDP): the momentum stays sharded; the update is made whole
+                params_with_grad.append(p)
+                grads.append(p.grad)
+                state = self.state[p]
+                if "momentum_buffer" not in state:
+                    state["momentum_buffer"] = torch.zeros_like(p.grad)
+                muon_momentum_bufs.append(state["momentum_buffer"])
                 continue
             view = _matrix(p, p)
             if view.data_ptr() != p.data_ptr() or not view._is_view() and view is not p:
@@ -166,12 +191,16 @@ class ConvMuon(torch.optim.Muon):
 def muon_for(params: list[torch.Tensor], lr: float = 0.02, momentum: float = 0.95, weight_decay: float = 0.0,
              adjust_lr_fn: str | None = None, ns_steps: int = 5, normalize_weights: bool = False,
              nesterov: bool = True, ns_dtype: str = "auto", precision: str = "fp32") -> torch.optim.Optimizer:
-    """torch.optim.Muon when every parameter is a matrix, no normalisation is asked and the
-    iteration runs in bf16; ConvMuon otherwise."""
+    """torch.optim.Muon when every parameter is a matrix, no normalisation is asked, the
+    iteration runs in bf16 and nothing is sharded; ConvMuon otherwise. Under FSDP ConvMuon
+    gathers each sharded update explicitly (`_whole_matrix_update`, tested against one
+    process). torch.optim.Muon in torch 2.13 also gives the right update on DTensor
+    parameters (its matrix products redistribute the shards; a 16x16 layer sharded over two
+    processes matched one process exactly), but hasten keeps to the path it tests."""
     kw = dict(lr=lr, momentum=momentum, weight_decay=weight_decay, adjust_lr_fn=adjust_lr_fn, ns_steps=ns_steps,
               nesterov=nesterov)
     bf16 = ns_dtype_for(ns_dtype, precision) == torch.bfloat16
-    if all(p.ndim == 2 for p in params) and not normalize_weights and bf16:
+    if all(p.ndim == 2 for p in params) and not normalize_weights and bf16 and not any(map(_is_dtensor, params)):
         opt = torch.optim.Muon(params, **kw)
     else:
         opt = ConvMuon(params, normalize_weights=normalize_weights, ns_dtype=ns_dtype, precision=precision, **kw)
