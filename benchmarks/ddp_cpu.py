@@ -35,7 +35,7 @@ COMPARISONS = {
 def bench(recipe: str, overrides: list[str], nproc: int, seeds: int, out: Path, name: str) -> Path:
     folder = f"ddp-cpu-{recipe}-{name}"
     cmd = ["hasten", "bench", recipe, *overrides, "--nproc", f"1,{nproc}", "--target", "val/loss<=@first-worst",
-           "--seeds", str(seeds), "--out", str(out), "--name", folder,
+           "--seeds", str(seeds), "--out", os.path.relpath(out), "--name", folder,   # relative: reports quote it
            "--title", f"{recipe}: 1 process x {nproc} threads against {nproc} processes x 1 thread"]
     print("$", " ".join(cmd), flush=True)
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
