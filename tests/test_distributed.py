@@ -257,13 +257,15 @@ def test_nproc_refuses_an_algorithm_ddp_cannot_run_before_any_process_starts(tmp
 
 
 # ---------------------------------------------------------------------------- FSDP (sharded)
-@pytest.mark.parametrize("model,grad_accum,reshard", [("mlp", 2, "1"), ("mlp", 1, "0"), ("gpt", 1, "1"), ("gpt", 1, "0")])
-def test_fsdp_equals_one_process_in_both_resharding_styles(tmp_path, model, grad_accum, reshard):
+@pytest.mark.parametrize("model,grad_accum,reshard,ac", [("mlp", 2, "1", "0"), ("mlp", 1, "0", "0"), ("gpt", 1, "1", "1"),
+                                                       ("gpt", 1, "0", "0")])
+def test_fsdp_equals_one_process_in_both_resharding_styles(tmp_path, model, grad_accum, reshard, ac):
     """FSDP2 over two processes (ZeRO-3: reshard after forward; ZeRO-2 style: keep the gathered
-    parameters for the backward; the GPT sharded per transformer block) trains the weights one
-    unsharded process trains, to 1e-5, and evaluates the same."""
+    parameters for the backward; the GPT sharded per transformer block, once with activation
+    checkpointing) trains the weights one unsharded process trains, to 1e-5, and evaluates the same."""
     one = _launch(tmp_path, model, 1, grad_accum)
-    two = _launch(tmp_path, model, 2, grad_accum, job_env={"JOB_PARALLEL": "fsdp", "JOB_RESHARD": reshard}, tag="-fsdp")
+    two = _launch(tmp_path, model, 2, grad_accum, job_env={"JOB_PARALLEL": "fsdp", "JOB_RESHARD": reshard, "JOB_AC": ac},
+                  tag="-fsdp")
     assert two["samples"] == one["samples"]
     _same_weights(one, two)
     assert two["eval"]["val/loss"] == pytest.approx(one["eval"]["val/loss"], rel=1e-6)

@@ -14,7 +14,7 @@ DistributedSampler with the per-rank batch; JOB_ALGO=ema, layer_freezing or info
 algorithm (infobatch: 4 epochs, each rank records the samples of every epoch's plan);
 JOB_TRAP=1 makes host synchronisation inside a training step an error. JOB_PARALLEL=fsdp
 shards the model (FSDP2; JOB_RESHARD=0 keeps parameters gathered between forward and
-backward); JOB_PRECISION sets the precision (default fp32); JOB_OPT=muon trains the gpt with Muon."""
+backward; JOB_AC=1 recomputes each block's activations); JOB_PRECISION sets the precision (default fp32); JOB_OPT=muon trains the gpt with Muon."""
 import json
 import os
 import sys
@@ -145,7 +145,8 @@ def main(model_name: str, out: str, grad_accum: int = 1, sigterm_rank1_at: int =
                  algorithms=algos, save_folder=save or None, save_interval=os.environ.get("JOB_SAVE_EVERY", "100ba"),
                  autoresume=bool(save) and os.environ.get("JOB_RESUME") == "1",
                  callbacks=extra_callbacks if algo_name == "infobatch" else (),
-                 fsdp={"reshard_after_forward": os.environ.get("JOB_RESHARD", "1") == "1"} if parallel == "fsdp" else None)
+                 fsdp={"reshard_after_forward": os.environ.get("JOB_RESHARD", "1") == "1",
+                       "activation_checkpointing": os.environ.get("JOB_AC") == "1"} if parallel == "fsdp" else None)
     tr.fit()
     trapped = [a.steps for a in algos if type(a).__name__ == "Trap"]
     with open(f"{out}.rank{rt.world.rank}.json", "w") as f:
