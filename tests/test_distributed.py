@@ -284,14 +284,17 @@ def test_fsdp_with_the_bf16_policy_stays_near_one_process_in_bf16(tmp_path):
     assert two["eval"]["val/loss"] == pytest.approx(one["eval"]["val/loss"], rel=1e-2)
 
 
-def test_a_killed_fsdp_run_resumes_under_two_and_under_one_and_its_checkpoint_loads_unsharded(tmp_path):
-    """A sharded two-process run killed by SIGKILL after batch 7 (checkpoint at batch 4, the
-    model and optimizer state gathered whole into one file by rank 0) resumes sharded under two
-    processes and under one and ends as the uninterrupted sharded run; the final checkpoint
-    loads with weights_only=True into a plain, unsharded model that gives the same outputs.
-    With EMA, whose sharded average is gathered into the checkpoint and sharded again on resume
-    (its final swap puts the average in the weights compared)."""
-    fsdp = {"JOB_PARALLEL": "fsdp", "JOB_ALGO": "ema"}
+@pytest.mark.parametrize("kind", ["sharded", "whole"])
+def test_a_killed_fsdp_run_resumes_under_two_and_under_one_and_its_checkpoint_loads_unsharded(tmp_path, kind):
+    """A sharded two-process run killed by SIGKILL after batch 7 (checkpoint at batch 4) resumes
+    sharded under two processes and under one and ends as the uninterrupted sharded run, with
+    EMA, whose sharded average is saved and sharded again on resume (its final swap puts the
+    average in the weights compared). Checkpoints: 'sharded', a .dcp folder of every rank's
+    shards (torch.distributed.checkpoint), resharded on load; 'whole', one file gathered by rank
+    0. Either exports to (or is) a single file that loads with weights_only=True into a plain,
+    unsharded model giving the same outputs."""
+    fsdp = {"JOB_PARALLEL": "fsdp", "JOB_ALGO": "ema", "JOB_CKPT": kind}
+    suffix = ".dcp" if kind == "sharded" else ".pt"
     whole_dir = tmp_path / "ckpt-whole"
     whole = _launch(tmp_path, "mlp", 2, extra=("0", str(whole_dir)), job_env=fsdp, tag="-whole")
     for resume_world in (2, 1):
@@ -299,18 +302,40 @@ def test_a_killed_fsdp_run_resumes_under_two_and_under_one_and_its_checkpoint_lo
         job = {**fsdp, "JOB_SAVE_EVERY": "4ba"}
         _launch(tmp_path, "mlp", 2, extra=("0", str(save)), job_env={**job, "JOB_KILL_AT": "7"}, expect_killed=True,
                 tag=f"-killed{resume_world}")
-        assert sorted(p.name for p in save.iterdir() if p.suffix == ".pt") == ["ep0-ba4.pt"]
+        assert sorted(p.name for p in save.iterdir() if p.suffix == suffix) == [f"ep0-ba4{suffix}"]
         resumed = _launch(tmp_path, "mlp", resume_world, extra=("0", str(save)), job_env={**job, "JOB_RESUME": "1"},
                           tag=f"-resumed{resume_world}")
         _same_weights(whole, resumed)
         assert resumed["eval"]["val/acc"] == whole["eval"]["val/acc"]
-    payload = torch.load(whole_dir / "ep1-ba12.pt", map_location="cpu", weights_only=True)
+    final = whole_dir / f"ep1-ba12{suffix}"
+    if kind == "sharded":
+        from hasten.checkpoint_sharded import export_whole
+        final = Path(export_whole(final, tmp_path / "exported.pt"))
+    payload = torch.load(final, map_location="cpu", weights_only=True)
     plain = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
     plain.load_state_dict(payload["model"])
     x = torch.randn(5, 8)
     reference = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
     reference.load_state_dict(whole["weights"])
     torch.testing.assert_close(plain(x), reference(x), rtol=0, atol=0)
+
+
+def test_a_kill_during_a_sharded_save_leaves_the_previous_checkpoint_intact_and_loadable(tmp_path):
+    """Both ranks SIGKILLed inside the save at batch 8, after writing their shards but before the
+    folder gets its name: ep0-ba4.dcp is as it was, the partial folder is only a temporary, and
+    a resumed run loads batch 4, clears the temporary and ends as the uninterrupted run."""
+    env = {"JOB_PARALLEL": "fsdp", "JOB_SAVE_EVERY": "4ba"}
+    whole = _launch(tmp_path, "mlp", 2, extra=("0", str(tmp_path / "whole")), job_env=env, tag="-whole")
+    save = tmp_path / "ckpt"
+    _launch(tmp_path, "mlp", 2, extra=("0", str(save)), job_env={**env, "JOB_KILL_IN_SAVE": "8"}, expect_killed=True,
+            tag="-killed")
+    names = sorted(p.name for p in save.iterdir() if "ep0-ba" in p.name)
+    assert names == [".ep0-ba8.dcp.partial.tmp", "ep0-ba4.dcp"], names
+    from hasten.checkpoint import CheckpointIO, find_latest
+    assert find_latest(save).name == "ep0-ba4.dcp" and CheckpointIO().load(save / "ep0-ba4.dcp")["sharded"]
+    resumed = _launch(tmp_path, "mlp", 2, extra=("0", str(save)), job_env={**env, "JOB_RESUME": "1"}, tag="-resumed")
+    assert not (save / ".ep0-ba8.dcp.partial.tmp").exists()
+    _same_weights(whole, resumed)
 
 
 def test_muon_under_fsdp_orthogonalises_whole_matrices_as_one_process_does(tmp_path):

@@ -185,9 +185,13 @@ def _trainer(recipe: Recipe, built: Built, algorithms: list, run_dir: Path, runt
     callbacks = [SpeedMonitor(flops_per_sample=built.flops_per_sample), LRMonitor()]
     if progress_bar if progress_bar is not None else t.progress_bar:
         callbacks.insert(0, ProgressBar())
+    checkpoint_io = None
+    if runtime.world.sharded and t.fsdp.checkpoint == "sharded":
+        from .checkpoint_sharded import ShardedCheckpointIO
+        checkpoint_io = ShardedCheckpointIO()   # each rank writes its shards
     if t.checkpoints:
         callbacks.append(Checkpoint(str(run_dir / "checkpoints"), interval=t.save_interval or t.eval_interval,
-                                    keep_last=t.keep_last))
+                                    keep_last=t.keep_last, io=checkpoint_io))
     s = recipe.schedule
     schedule = LRSchedule(s.name, warmup=s.warmup, warmdown=s.warmdown, min_factor=s.min_factor,
                           start_factor=s.start_factor)
@@ -201,8 +205,10 @@ def _trainer(recipe: Recipe, built: Built, algorithms: list, run_dir: Path, runt
             loggers=loggers, runtime=runtime, compile=t.compile, grad_accum=t.grad_accum,
             grad_clip_norm=t.grad_clip_norm, load_path=t.load_path, autoresume=t.autoresume,
             sync_batchnorm=t.sync_batchnorm,
+            checkpoint_io=checkpoint_io,
             fsdp=({"reshard_after_forward": t.fsdp.reshard_after_forward, "blocks": tuple(t.fsdp.blocks),
-                   "activation_checkpointing": t.fsdp.activation_checkpointing} if runtime.world.sharded else None))
+                   "activation_checkpointing": t.fsdp.activation_checkpointing, "checkpoint": t.fsdp.checkpoint}
+                  if runtime.world.sharded else None))
     except ValueError as e:
         if isinstance(e, ConfigError):
             raise

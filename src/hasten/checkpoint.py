@@ -27,7 +27,7 @@ from .files import atomic_write, os_error_message
 from .utils import gather_whole
 
 FORMAT = 1
-_NAME = re.compile(r"^ep(\d+)-ba(\d+)\.pt$")
+_NAME = re.compile(r"^ep(\d+)-ba(\d+)\.(pt|dcp)$")
 
 
 class CheckpointIO:
@@ -35,6 +35,7 @@ class CheckpointIO:
     a failed write (disk full, a signal) leaves the previous file as it was."""
 
     suffix = ".pt"   # what this IO writes: a file NAME.pt (a sharded IO writes a folder)
+    gathers = True   # a sharded model's state is gathered whole before it is written (rank 0 writes)
 
     def save(self, payload: dict, path: "str | os.PathLike") -> None:
         path = Path(path)
@@ -46,6 +47,9 @@ class CheckpointIO:
 
     def load(self, path: "str | os.PathLike") -> dict:
         path = Path(path)
+        if path.is_dir():   # a sharded checkpoint (hasten.checkpoint_sharded): any IO reads both kinds
+            from .checkpoint_sharded import load_rest
+            return load_rest(path)
         if not path.is_file():
             raise FileNotFoundError(f"no checkpoint at {path}")
         try:
@@ -117,11 +121,13 @@ def _check_finite_weights(model: torch.nn.Module) -> None:
         raise CheckpointError(f"refusing to write a checkpoint: non-finite values in {bad[:5]}")
 
 
-def capture(state, extra_meta: dict | None = None) -> dict:
+def capture(state, extra_meta: dict | None = None, whole: bool = True) -> dict:
     """Everything needed to resume, as a payload for CheckpointIO. With a sharded model (FSDP)
     a collective that every rank calls: the model and the optimizers' state are gathered
     whole, as ordinary tensors, on rank 0 (`optimizer_style` 'names': their state keyed by
-    parameter names), so the file loads at any world size and into an unsharded model."""
+    parameter names), so the file loads at any world size and into an unsharded model. With
+    `whole=False` (a sharded CheckpointIO) the model's and optimizer's shards are kept as they
+    are, each rank holding its own."""
     _check_finite_weights(state.model)
     rng_tensors, rng_meta = _rng_state()
     sharded = _sharded(state)
@@ -131,7 +137,11 @@ def capture(state, extra_meta: dict | None = None) -> dict:
             "optimizer_style": "names" if sharded else "ids"}
     if extra_meta:
         meta.update(extra_meta)
-    if sharded:
+    if sharded and not whole:
+        from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
+        model = get_model_state_dict(state.model)
+        optimizers = [get_optimizer_state_dict(state.model, o) for o in state.optimizers]
+    elif sharded:
         from . import fsdp
         model = fsdp.model_state(state.model)
         optimizers = [fsdp.optimizer_state(state.model, o) for o in state.optimizers]
@@ -157,8 +167,9 @@ def save(state, path: "str | os.PathLike", io: CheckpointIO, extra_meta: dict | 
     never saved. With a sharded model every rank calls it (the state is gathered) and only
     the one with `write` (rank 0) writes the file."""
     state.read_train_loss(reset=False)
-    payload = capture(state, extra_meta)
-    if write:
+    gathers = getattr(io, "gathers", True)
+    payload = capture(state, extra_meta, whole=gathers)
+    if write or not gathers:   # a sharded IO's save is a collective: every rank writes its shards
         io.save(payload, path)
     state.last_checkpoint = str(path)
     return str(path)
@@ -168,6 +179,9 @@ def restore(state, payload: dict, strict: bool = True) -> dict:
     """Load a payload into the state; returns the metadata."""
     meta = json.loads(payload["meta"])
     sharded, by_names = _sharded(state), meta.get("optimizer_style") == "names"
+    if payload.get("sharded_path"):   # a sharded checkpoint: read its shards into this run's tensors
+        _restore_sharded(state, payload, meta)
+        return _restore_rest(state, payload, meta)
     try:
         if sharded:   # whole tensors into the shards (every rank read the same file)
             from . import fsdp
@@ -180,15 +194,10 @@ def restore(state, payload: dict, strict: bool = True) -> dict:
         raise CheckpointError("this checkpoint was written without sharding (optimizer state keyed by position); "
                               "resume it with trainer.parallelism=ddp or none, or start a sharded run from its "
                               "weights alone")
-    if len(payload["optimizers"]) != len(state.optimizers):
-        raise CheckpointError(f"the checkpoint has {len(payload['optimizers'])} optimizers, "
-                              f"this trainer {len(state.optimizers)}")
+    _check_optimizers(state, payload, meta)
     saved_types = meta.get("optimizers")   # absent in checkpoints written before hasten recorded them
     for i, (opt, sd) in enumerate(zip(state.optimizers, payload["optimizers"])):
         mine = type(opt).__name__
-        if saved_types is not None and saved_types[i] != mine:
-            raise CheckpointError(f"the checkpoint's optimizer {i} is {saved_types[i]}, this run's is {mine}: "
-                                  "its state cannot be loaded; use the optimizer the checkpoint was trained with")
         try:
             if by_names:   # written by a sharded run: state keyed by parameter names
                 from . import fsdp
@@ -198,6 +207,35 @@ def restore(state, payload: dict, strict: bool = True) -> dict:
         except (ValueError, KeyError, RuntimeError) as e:
             raise CheckpointError(f"the checkpoint's state for optimizer {i} ({saved_types[i] if saved_types else '?'}) "
                                   f"does not fit this run's {mine}: {e}") from e
+    return _restore_rest(state, payload, meta)
+
+
+def _check_optimizers(state, payload: dict, meta: dict) -> None:
+    """The checkpoint holds as many optimizers as the run, of the same classes."""
+    if len(payload["optimizers"]) != len(state.optimizers):
+        raise CheckpointError(f"the checkpoint has {len(payload['optimizers'])} optimizers, "
+                              f"this trainer {len(state.optimizers)}")
+    saved_types = meta.get("optimizers")   # absent in checkpoints written before hasten recorded them
+    for i, opt in enumerate(state.optimizers):
+        if saved_types is not None and saved_types[i] != type(opt).__name__:
+            raise CheckpointError(f"the checkpoint's optimizer {i} is {saved_types[i]}, this run's is "
+                                  f"{type(opt).__name__}: its state cannot be loaded; use the optimizer the "
+                                  "checkpoint was trained with")
+
+
+def _restore_sharded(state, payload: dict, meta: dict) -> None:
+    from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict
+
+    from .checkpoint_sharded import load_sharded
+    _check_optimizers(state, payload, meta)
+    model_sd, optimizer_sds = load_sharded(state.model, state.optimizers, payload)
+    set_model_state_dict(state.model, model_sd)
+    for opt, sd in zip(state.optimizers, optimizer_sds):
+        set_optimizer_state_dict(state.model, opt, sd)
+
+
+def _restore_rest(state, payload: dict, meta: dict) -> dict:
+    """Schedulers, scaler, algorithms, callbacks, the clock and the generators."""
     for sch, sd in zip(state.schedulers, payload["schedulers"]):
         if hasattr(sch, "load_state_dict") and sd:
             sch.load_state_dict(sd)
@@ -229,7 +267,7 @@ def list_checkpoints(folder: "str | os.PathLike") -> list[Path]:
     found = []
     for p in folder.iterdir():
         m = _NAME.match(p.name)
-        if m and p.is_file():
+        if m and not p.is_symlink() and (p.is_file() if m.group(3) == "pt" else p.is_dir()):   # .dcp: a folder
             found.append((int(m.group(2)), p))
     return [p for _, p in sorted(found)]
 

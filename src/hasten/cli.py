@@ -318,6 +318,13 @@ def main(argv: list[str] | None = None) -> int:
             args.recipe = None
         args.recipe = args.recipe or DEFAULT_RECIPE
     debug = args.debug or os.environ.get("HASTEN_DEBUG", "") not in ("", "0")
+    code = _run(args, debug)
+    from .runtime import leave_worker
+    leave_worker(code)   # a torchrun worker exits here, its work done (see leave_worker)
+    return code
+
+
+def _run(args, debug: bool) -> int:
     try:
         return args.func(args)
     except HastenError as e:

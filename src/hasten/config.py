@@ -39,6 +39,8 @@ class FSDPSettings:
     """Recompute each block's activations in the backward instead of keeping them."""
     blocks: list[str] = field(default_factory=list)
     """Modules sharded as units: name patterns (blocks.*) or class names (Block); default: the model's fsdp_blocks()."""
+    checkpoint: Literal["sharded", "whole"] = "sharded"
+    """sharded: each rank writes its shards (a .dcp folder, torch.distributed.checkpoint); whole: gathered into one file by rank 0."""
 
 
 @dataclass

@@ -34,6 +34,11 @@ class FSDPOptions:
     reshard_after_forward: bool = True
     activation_checkpointing: bool = False
     blocks: tuple[str, ...] = ()
+    checkpoint: str = "sharded"   # 'sharded': each rank writes its shards (DCP); 'whole': gathered on rank 0
+
+    def __post_init__(self):
+        if self.checkpoint not in ("sharded", "whole"):
+            raise ValueError(f"fsdp checkpoint={self.checkpoint!r}: use 'sharded' or 'whole'")
 
 
 def is_sharded(model: nn.Module) -> bool:

@@ -209,6 +209,24 @@ def _join_world(parallelism: str, device: torch.device, timeout_s: float) -> Wor
                  owns_group=owns)
 
 
+def leave_worker(code: int) -> None:
+    """End a process that torchrun started (WORLD_SIZE > 1) once its work is done and its
+    process group is closed: flush its output and exit at once, skipping the interpreter's
+    finalisation. There, gloo work objects still held by modules (FSDP keeps some) are torn
+    down with the interpreter half gone, which can abort the process ('terminate called
+    without an active exception') after a successful run, so torchrun would report a failure.
+    Elsewhere (one process, tests calling `main`) it returns and nothing changes."""
+    import sys
+    if launched_world()[2] <= 1:
+        return
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(code)
+
+
 def _free_port() -> int:
     import socket
     with socket.socket() as s:

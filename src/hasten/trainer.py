@@ -181,6 +181,16 @@ class Trainer:
             if any(isinstance(a, GradientClipping) and a.mode == "norm" for a in algorithms):
                 raise ValueError("give grad_clip_norm or a GradientClipping(mode='norm') algorithm, not both")
             algorithms.append(GradientClipping("norm", grad_clip_norm))
+        fsdp_options = None
+        if self.world.sharded:
+            from .fsdp import FSDPOptions
+            fsdp_options = fsdp if isinstance(fsdp, FSDPOptions) else FSDPOptions(**(fsdp or {}))
+        elif fsdp:
+            raise ValueError("fsdp options were given but the run is not sharded: set parallelism=fsdp "
+                             "(trainer.parallelism=fsdp) or leave the fsdp options out")
+        if checkpoint_io is None and fsdp_options is not None and fsdp_options.checkpoint == "sharded":
+            from .checkpoint_sharded import ShardedCheckpointIO
+            checkpoint_io = ShardedCheckpointIO()   # each rank writes its shards
         self.checkpoint_io = checkpoint_io or CheckpointIO()
         self.metrics = dict(metrics or {})
         self.eval_dataloader = eval_dataloader
@@ -226,12 +236,8 @@ class Trainer:
             if sync_batchnorm:
                 raise ValueError("sync_batchnorm is for parallelism=ddp; under fsdp each rank normalises its own "
                                  "share (ghost batch norm of the per-rank batch)")
-            from .fsdp import FSDPOptions, shard_model
-            opts = fsdp if isinstance(fsdp, FSDPOptions) else FSDPOptions(**(fsdp or {}))
-            shard_model(self.state.model, self.device, self.world.size, precision, opts)
-        elif fsdp:
-            raise ValueError("fsdp options were given but the run is not sharded: set parallelism=fsdp "
-                             "(trainer.parallelism=fsdp) or leave the fsdp options out")
+            from .fsdp import shard_model
+            shard_model(self.state.model, self.device, self.world.size, precision, fsdp_options)
         self.state.optimizers = self._build_optimizers(optimizers)
         self.state.schedulers = self._build_schedulers(schedulers)
         if precision == "fp16-mixed":

@@ -81,3 +81,5 @@ def main(out):
 
 if __name__ == "__main__":
     main(sys.argv[1])
+    from hasten.runtime import leave_worker
+    leave_worker(0)   # as hasten's own workers do: no interpreter finalisation under torchrun

@@ -14,7 +14,9 @@ DistributedSampler with the per-rank batch; JOB_ALGO=ema, layer_freezing or info
 algorithm (infobatch: 4 epochs, each rank records the samples of every epoch's plan);
 JOB_TRAP=1 makes host synchronisation inside a training step an error. JOB_PARALLEL=fsdp
 shards the model (FSDP2; JOB_RESHARD=0 keeps parameters gathered between forward and
-backward; JOB_AC=1 recomputes each block's activations); JOB_PRECISION sets the precision (default fp32); JOB_OPT=muon trains the gpt with Muon."""
+backward; JOB_AC=1 recomputes each block's activations; JOB_CKPT=whole gathers checkpoints into one
+file instead of sharded .dcp folders; JOB_KILL_IN_SAVE=B kills every rank inside the sharded
+save at batch B); JOB_PRECISION sets the precision (default fp32); JOB_OPT=muon trains the gpt with Muon."""
 import json
 import os
 import sys
@@ -128,6 +130,18 @@ def main(model_name: str, out: str, grad_accum: int = 1, sigterm_rank1_at: int =
                 if state.timestamp.batch == sigterm_rank1_at:
                     os.kill(os.getpid(), signal.SIGTERM)
         algos.append(Term())
+    kill_in_save = os.environ.get("JOB_KILL_IN_SAVE")   # every rank SIGKILLs itself inside this sharded save
+    if kill_in_save:
+        import signal
+
+        import torch.distributed.checkpoint as dcp
+        dcp_save = dcp.save
+
+        def save_then_die(state_dict, *, checkpoint_id=None, **kw):
+            dcp_save(state_dict, checkpoint_id=checkpoint_id, **kw)   # the shards are written, the folder not named
+            if f"ep0-ba{kill_in_save}." in str(checkpoint_id):
+                os.kill(os.getpid(), signal.SIGKILL)
+        dcp.save = save_then_die
     kill_at = int(os.environ.get("JOB_KILL_AT", 0))   # every rank SIGKILLs itself after this batch's checkpoint point
     if kill_at:
         import signal
@@ -146,7 +160,8 @@ def main(model_name: str, out: str, grad_accum: int = 1, sigterm_rank1_at: int =
                  autoresume=bool(save) and os.environ.get("JOB_RESUME") == "1",
                  callbacks=extra_callbacks if algo_name == "infobatch" else (),
                  fsdp={"reshard_after_forward": os.environ.get("JOB_RESHARD", "1") == "1",
-                       "activation_checkpointing": os.environ.get("JOB_AC") == "1"} if parallel == "fsdp" else None)
+                       "activation_checkpointing": os.environ.get("JOB_AC") == "1",
+                       "checkpoint": os.environ.get("JOB_CKPT", "sharded")} if parallel == "fsdp" else None)
     tr.fit()
     trapped = [a.steps for a in algos if type(a).__name__ == "Trap"]
     with open(f"{out}.rank{rt.world.rank}.json", "w") as f:
@@ -168,3 +183,5 @@ def main(model_name: str, out: str, grad_accum: int = 1, sigterm_rank1_at: int =
 if __name__ == "__main__":
     main(sys.argv[1], sys.argv[2], int(sys.argv[3]) if len(sys.argv) > 3 else 1,
          int(sys.argv[4]) if len(sys.argv) > 4 else 0, sys.argv[5] if len(sys.argv) > 5 else "")
+    from hasten.runtime import leave_worker
+    leave_worker(0)   # as hasten's own workers do: no interpreter finalisation under torchrun

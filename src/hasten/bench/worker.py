@@ -141,4 +141,7 @@ def _main_with_errors(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(_main_with_errors(sys.argv))
+    from ..runtime import leave_worker
+    _code = _main_with_errors(sys.argv)
+    leave_worker(_code)   # a torchrun worker exits here, its work done
+    sys.exit(_code)
