@@ -153,10 +153,10 @@ def test_every_packaged_algorithm_runs_under_ddp_or_is_refused_with_a_reason(tmp
 
 
 def test_every_packaged_algorithm_runs_under_fsdp_or_is_refused_with_a_reason(tmp_path):
-    """EMA and lookahead keep sharded copies; three are refused at start, each with its reason."""
+    """EMA, SWA and lookahead keep sharded copies; two are refused at start, each with its reason."""
     results = _algorithms_under(tmp_path, "fsdp")
     refused = {n for n, v in results.items() if v.startswith("refused: ")}
-    assert refused == {"channels_last", "swa", "chunked_cross_entropy"}, results
+    assert refused == {"channels_last", "chunked_cross_entropy"}, results
     assert all(v == "ok" for n, v in results.items() if n not in refused), results   # and the ranks agree
 
 
@@ -336,6 +336,15 @@ def test_a_kill_during_a_sharded_save_leaves_the_previous_checkpoint_intact_and_
     resumed = _launch(tmp_path, "mlp", 2, extra=("0", str(save)), job_env={**env, "JOB_RESUME": "1"}, tag="-resumed")
     assert not (save / ".ep0-ba8.dcp.partial.tmp").exists()
     _same_weights(whole, resumed)
+
+
+def test_swa_under_fsdp_keeps_a_sharded_average_and_ends_as_one_process(tmp_path):
+    """SWA averages with torch's multi-tensor SWA function on each rank's shards: two sharded
+    processes end with the average one process ends with (and evaluate it)."""
+    one = _launch(tmp_path, "mlp", 1, job_env={"JOB_ALGO": "swa"})
+    two = _launch(tmp_path, "mlp", 2, job_env={"JOB_ALGO": "swa", "JOB_PARALLEL": "fsdp"}, tag="-fsdp")
+    _same_weights(one, two)
+    assert two["eval"]["val/loss"] == pytest.approx(one["eval"]["val/loss"], rel=1e-6)
 
 
 def test_muon_under_fsdp_orthogonalises_whole_matrices_as_one_process_does(tmp_path):

@@ -413,3 +413,24 @@ def test_a_mixed_batch_split_into_micro_batches_keeps_each_sample_with_its_partn
         weights.append([p.detach().clone() for p in model.parameters()])
     for a, b in zip(*weights):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_swa_resumes_from_the_averagedmodel_state_of_older_checkpoints():
+    """hasten 0.1 stored SWA's average as an AveragedModel's state dict; such a checkpoint
+    resumes into the tensor-list average with the same values and count."""
+    from types import SimpleNamespace
+
+    from torch.optim.swa_utils import AveragedModel
+    torch.manual_seed(0)
+    model = mlp()
+    old = AveragedModel(model, use_buffers=False)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(1.0)
+    old.update_parameters(model)
+    swa = SWA(start=0.5)
+    swa.load_state_dict({"averaged": old.state_dict()})
+    swa._restore_pending(SimpleNamespace(model=model))
+    assert swa.n_averaged == int(old.n_averaged) == 1
+    for a, b in zip(swa.averaged, old.module.parameters()):
+        torch.testing.assert_close(a, b.detach(), rtol=0, atol=0)

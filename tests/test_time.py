@@ -90,7 +90,7 @@ def test_typed_time_or_a_bare_fraction_for_the_algorithms_that_took_fractions():
         assert lf.frozen > 0
     swa = SWA(start="12ba", bn_batches=0)
     Trainer(mlp(), loader(n=64, batch_size=8), max_duration="16ba", device="cpu", algorithms=[swa]).fit()
-    assert int(swa.averaged.n_averaged) == 4   # batches 13..16
+    assert swa.n_averaged == 4   # batches 13..16
     pr = ProgressiveResizing(start="0ba", finish="2ep")
     assert (pr.start, pr.finish) == (Time(0, "ba"), Time(2, "ep"))
     assert InfoBatch(delta="7ep").delta == Time(7, "ep")

@@ -10,7 +10,7 @@ Rank 0 writes the final weights, the evaluation and the logged training losses t
 
 Environment: JOB_LOADER=hasten gives the mlp a make_dataloader loader (rank shares loaded by
 its batch sampler) instead of a plain DataLoader; JOB_LOADER=distsampler a DataLoader over a
-DistributedSampler with the per-rank batch; JOB_ALGO=ema, layer_freezing or infobatch adds that
+DistributedSampler with the per-rank batch; JOB_ALGO=ema, swa, layer_freezing or infobatch adds that
 algorithm (infobatch: 4 epochs, each rank records the samples of every epoch's plan);
 JOB_TRAP=1 makes host synchronisation inside a training step an error. JOB_PARALLEL=fsdp
 shards the model (FSDP2; JOB_RESHARD=0 keeps parameters gathered between forward and
@@ -97,6 +97,9 @@ def main(model_name: str, out: str, grad_accum: int = 1, sigterm_rank1_at: int =
     if algo_name == "ema":
         from hasten.algorithms import EMA
         algos.append(EMA(half_life="0.25dur"))
+    elif algo_name == "swa":
+        from hasten.algorithms import SWA
+        algos.append(SWA(start=0.5))
     elif algo_name == "layer_freezing":
         from hasten.algorithms import LayerFreezing
         algos.append(LayerFreezing(start=0.25, fraction=0.5))

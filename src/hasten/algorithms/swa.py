@@ -1,11 +1,12 @@
 """SWA: stochastic weight averaging over the last part of training (Izmailov et al., 2018).
 
 From `start` (a fraction of the run) the Algorithm keeps an equal-weight running average
-of the weights, updated every `update_every` batches, using PyTorch's own
-`torch.optim.swa_utils.AveragedModel`; at the end the average replaces the weights and
-batch-norm statistics are recomputed over the training data with `swa_utils.update_bn`
-(capped at `bn_batches` batches). Pair it with a high constant or cyclic learning rate
-over the averaging window.
+of the weights, updated every `update_every` batches with PyTorch's own averaging function
+(`torch.optim.swa_utils.get_swa_multi_avg_fn`, what `AveragedModel` uses, applied to a list of
+tensors rather than a deep copy of the model, so that a sharded model (FSDP) keeps a sharded
+average); at the end the average replaces the weights and batch-norm statistics are
+recomputed over the training data with `swa_utils.update_bn` (capped at `bn_batches`
+batches). Pair it with a high constant or cyclic learning rate over the averaging window.
 
 Evaluations once an average exists evaluate the averaged model, as EMA's do: the average
 (and its recomputed batch-norm statistics) goes in at EVAL_START and the trained weights
@@ -16,17 +17,22 @@ from __future__ import annotations
 import itertools
 
 import torch
-from torch.optim.swa_utils import AveragedModel
+from torch.optim.swa_utils import AveragedModel, get_swa_multi_avg_fn
 
 from ..core import Algorithm, as_time
+from ..utils import local_tensors, sharded_like
+
+_swa_update = get_swa_multi_avg_fn()
 
 
 @torch.no_grad()
-def apply_swa(model: torch.nn.Module, averaged: AveragedModel, batches=(), device=None) -> None:
-    """Copy the averaged weights into `model`, then recompute its batch-norm statistics over
-    `batches` (inputs) with torch's `swa_utils.update_bn`; the end of SWA in any loop."""
-    for p, a in zip(model.parameters(), averaged.module.parameters()):
-        p.copy_(a)
+def apply_swa(model: torch.nn.Module, averaged: "AveragedModel | list[torch.Tensor]", batches=(),
+              device=None) -> None:
+    """Copy the averaged weights (an AveragedModel, or one tensor per parameter) into `model`,
+    then recompute its batch-norm statistics over `batches` (inputs) with torch's
+    `swa_utils.update_bn`; the end of SWA in any loop."""
+    average = list(averaged.module.parameters()) if isinstance(averaged, AveragedModel) else averaged
+    torch._foreach_copy_(local_tensors(list(model.parameters())), local_tensors(average))
     if any(isinstance(m, torch.nn.modules.batchnorm._BatchNorm) for m in model.modules()):
         from torch.optim.swa_utils import update_bn
         update_bn(list(batches), model, device=device)
@@ -37,31 +43,35 @@ def _weights_and_buffers(model: torch.nn.Module) -> list[torch.Tensor]:
 
 
 class SWA(Algorithm):
-    def fsdp_refusal(self):
-        return ("it keeps torch's AveragedModel, a deep copy of the model, which FSDP2 does not allow; use "
-                "EMA, which keeps sharded copies, or parallelism=ddp")
-
     def __init__(self, start: "float | str" = 0.75, update_every: int = 1, bn_batches: int = 50):
         self.start = as_time(start, "start")
         if self.start.unit.value == "dur" and self.start.value >= 1.0:
             raise ValueError(f"start must lie before the end of the run, got {start}")
         self.update_every, self.bn_batches = int(update_every), int(bn_batches)
-        self.averaged: AveragedModel | None = None
+        self.averaged: list[torch.Tensor] | None = None   # one tensor per parameter (sharded like it)
+        self.n_averaged = 0
         self._pending = None
         self._backup: list[torch.Tensor] | None = None   # the trained weights while an evaluation runs
 
     def _restore_pending(self, state):
-        if self.averaged is None and self._pending is not None:   # resumed inside the window
-            self.averaged = AveragedModel(state.model, use_buffers=False)
-            self.averaged.load_state_dict(self._pending)
-            self._pending = None
+        if self._pending is None:
+            return
+        params, sd = list(state.model.parameters()), self._pending
+        if "n_averaged" in sd and "averaged" not in sd:   # hasten <= 0.1: an AveragedModel's state dict
+            names = [n for n, _ in state.model.named_parameters()]
+            sd = {"averaged": [sd[f"module.{n}"] for n in names], "n": int(sd["n_averaged"])}
+        self.averaged = [sharded_like(a, p).clone() for a, p in zip(sd["averaged"], params)]
+        self.n_averaged, self._pending = int(sd["n"]), None
 
     def batch_end(self, state, logger):
         self._restore_pending(state)
         if state.progress > state.fraction_of(self.start) and state.timestamp.batch % self.update_every == 0:
+            params = [p.detach() for p in state.model.parameters()]
             if self.averaged is None:
-                self.averaged = AveragedModel(state.model, use_buffers=False)
-            self.averaged.update_parameters(state.model)
+                self.averaged = [p.clone() for p in params]
+            else:
+                _swa_update(local_tensors(self.averaged), local_tensors(params), self.n_averaged)
+            self.n_averaged += 1
 
     def _apply(self, state) -> None:
         """The average into the model, batch-norm statistics recomputed over the first
@@ -77,13 +87,13 @@ class SWA(Algorithm):
         if self.averaged is None:
             return
         with torch.no_grad():
-            self._backup = [t.detach().clone() for t in _weights_and_buffers(state.model)]
+            self._backup = [t.detach().clone() for t in local_tensors(_weights_and_buffers(state.model))]
         self._apply(state)
 
     def eval_end(self, state, logger):
         if self._backup is not None:
             with torch.no_grad():
-                torch._foreach_copy_(_weights_and_buffers(state.model), self._backup)
+                torch._foreach_copy_(local_tensors(_weights_and_buffers(state.model)), self._backup)
             self._backup = None
 
     def fit_end(self, state, logger):
@@ -92,8 +102,8 @@ class SWA(Algorithm):
             self._apply(state)
 
     def state_dict(self):
-        return {"averaged": self.averaged.state_dict()} if self.averaged is not None else {}
+        return {"averaged": self.averaged, "n": self.n_averaged} if self.averaged is not None else {}
 
     def load_state_dict(self, sd):
         if sd:
-            self._pending = sd["averaged"]
+            self._pending = sd if "n" in sd else sd["averaged"]   # the second: hasten <= 0.1's AveragedModel state
