@@ -287,7 +287,8 @@ def test_fsdp_with_the_bf16_policy_stays_near_one_process_in_bf16(tmp_path):
 @pytest.mark.parametrize("kind", ["sharded", "whole"])
 def test_a_killed_fsdp_run_resumes_under_two_and_under_one_and_its_checkpoint_loads_unsharded(tmp_path, kind):
     """A sharded two-process run killed by SIGKILL after batch 7 (checkpoint at batch 4) resumes
-    sharded under two processes and under one and ends as the uninterrupted sharded run, with
+    sharded under two processes and under one (and a one-process sharded run under two, from a
+    .dcp checkpoint) and ends as the uninterrupted sharded run, with
     EMA, whose sharded average is saved and sharded again on resume (its final swap puts the
     average in the weights compared). Checkpoints: 'sharded', a .dcp folder of every rank's
     shards (torch.distributed.checkpoint), resharded on load; 'whole', one file gathered by rank
@@ -297,14 +298,15 @@ def test_a_killed_fsdp_run_resumes_under_two_and_under_one_and_its_checkpoint_lo
     suffix = ".dcp" if kind == "sharded" else ".pt"
     whole_dir = tmp_path / "ckpt-whole"
     whole = _launch(tmp_path, "mlp", 2, extra=("0", str(whole_dir)), job_env=fsdp, tag="-whole")
-    for resume_world in (2, 1):
-        save = tmp_path / f"ckpt-{resume_world}"
+    moves = ((2, 2), (2, 1), (1, 2)) if kind == "sharded" else ((2, 2), (2, 1))   # (killed world, resumed world)
+    for killed_world, resume_world in moves:
+        save = tmp_path / f"ckpt-{killed_world}-{resume_world}"
         job = {**fsdp, "JOB_SAVE_EVERY": "4ba"}
-        _launch(tmp_path, "mlp", 2, extra=("0", str(save)), job_env={**job, "JOB_KILL_AT": "7"}, expect_killed=True,
-                tag=f"-killed{resume_world}")
+        _launch(tmp_path, "mlp", killed_world, extra=("0", str(save)), job_env={**job, "JOB_KILL_AT": "7"},
+                expect_killed=True, tag=f"-killed{killed_world}{resume_world}")
         assert sorted(p.name for p in save.iterdir() if p.suffix == suffix) == [f"ep0-ba4{suffix}"]
         resumed = _launch(tmp_path, "mlp", resume_world, extra=("0", str(save)), job_env={**job, "JOB_RESUME": "1"},
-                          tag=f"-resumed{resume_world}")
+                          tag=f"-resumed{killed_world}{resume_world}")
         _same_weights(whole, resumed)
         assert resumed["eval"]["val/acc"] == whole["eval"]["val/acc"]
     final = whole_dir / f"ep1-ba12{suffix}"

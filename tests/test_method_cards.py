@@ -12,9 +12,9 @@ DOCS = Path(__file__).resolve().parents[1] / "docs" / "methods"
 INSTRUMENTS = {"delay"}   # test instruments, not methods: no card, no functional form, no measurement
 # Cards whose effect has no measured table yet (issue: every method card measured). The list
 # only shrinks: a card listed here must still say so, and one with a table must leave it.
-PENDING = {"activation_swap", "batch_size_warmup", "blurpool", "chunked_cross_entropy", "cutmix",
-           "cutout", "dirac_init", "frozen_bn_scale", "ghost_batchnorm", "gradient_clipping", "infobatch",
-           "layer_freezing", "lookahead", "low_precision_layernorm", "mixup", "patch_whitening",
+PENDING = {"activation_swap", "batch_size_warmup", "chunked_cross_entropy", "cutmix", "dirac_init",
+           "frozen_bn_scale", "ghost_batchnorm", "gradient_clipping", "infobatch",
+           "layer_freezing", "lookahead", "low_precision_layernorm", "patch_whitening",
            "pool_reorder", "proxy_selection", "sam", "selective_backprop", "stochastic_depth",
            "swa"}
 METHODS = sorted(set(REGISTRY) - INSTRUMENTS)
