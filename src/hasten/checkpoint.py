@@ -24,7 +24,7 @@ import torch
 from . import __version__
 from .errors import CheckpointError
 from .files import atomic_write, os_error_message
-from .utils import gather_whole
+from .utils import gather_whole, local_tensors
 
 FORMAT = 1
 _NAME = re.compile(r"^ep(\d+)-ba(\d+)\.(pt|dcp)$")
@@ -103,21 +103,16 @@ def _keyed(objs) -> dict:
     return out
 
 
-def _local(p: torch.Tensor) -> torch.Tensor:
-    """This rank's part of a parameter (a sharded DTensor's local shard; the tensor itself otherwise)."""
-    return p.to_local() if hasattr(p, "to_local") else p
-
-
 def _sharded(state) -> bool:
     world = getattr(state.runtime, "world", None)
     return world is not None and world.sharded
 
 
 def _check_finite_weights(model: torch.nn.Module) -> None:
-    params = [_local(p.detach()) for p in model.parameters() if p.is_floating_point()]
+    params = local_tensors([p.detach() for p in model.parameters() if p.is_floating_point()])
     params = [p for p in params if p.numel()]
     if params and not bool(torch.stack([torch.isfinite(p).all() for p in params]).all()):
-        bad = [n for n, p in model.named_parameters() if p.is_floating_point() and not torch.isfinite(_local(p)).all()]
+        bad = [n for n, p in model.named_parameters() if p.is_floating_point() and not torch.isfinite(local_tensors([p])[0]).all()]
         raise CheckpointError(f"refusing to write a checkpoint: non-finite values in {bad[:5]}")
 
 

@@ -106,10 +106,6 @@ class ShardedCheckpointIO(CheckpointIO):
         _barrier()   # no rank goes on before the checkpoint has its name
 
 
-def is_sharded_checkpoint(path: "str | os.PathLike") -> bool:
-    return Path(path).is_dir() and (Path(path) / REST).is_file()
-
-
 def load_rest(path: "str | os.PathLike") -> dict:
     """A sharded checkpoint's payload, its model and optimizer tensors still placeholders
     (`restore` reads them into the run's model with `load_sharded`)."""

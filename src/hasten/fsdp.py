@@ -41,12 +41,6 @@ class FSDPOptions:
             raise ValueError(f"fsdp checkpoint={self.checkpoint!r}: use 'sharded' or 'whole'")
 
 
-def is_sharded(model: nn.Module) -> bool:
-    """Whether `model` has parameters sharded by FSDP2 (DTensors)."""
-    from torch.distributed.tensor import DTensor
-    return any(isinstance(p, DTensor) for p in model.parameters())
-
-
 def fsdp_blocks(model: nn.Module, patterns: tuple[str, ...] = ()) -> list[nn.Module]:
     """The modules sharded as units, in model order (see the module docstring)."""
     if patterns:

@@ -166,7 +166,8 @@ def index_batch(batch, idx: torch.Tensor):
 
 
 # ---------------------------------------------------------------------------- sharded tensors (FSDP)
-def _is_dtensor(t) -> bool:
+def is_dtensor(t) -> bool:
+    """Whether `t` is a DTensor (a parameter sharded by FSDP), without importing torch.distributed."""
     return type(t).__name__ == "DTensor" and hasattr(t, "to_local")
 
 
@@ -174,13 +175,13 @@ def local_tensors(tensors: list) -> list[torch.Tensor]:
     """Each tensor's local part: a sharded DTensor's shard on this rank (sharing its storage,
     so in-place updates write through), any other tensor itself. Element-wise state kept beside
     a sharded model (EMA, lookahead) is updated shard by shard with plain foreach ops."""
-    return [t.to_local() if _is_dtensor(t) else t for t in tensors]
+    return [t.to_local() if is_dtensor(t) else t for t in tensors]
 
 
 def sharded_like(value: torch.Tensor, live: torch.Tensor) -> torch.Tensor:
     """`value` (a whole tensor, e.g. loaded from a checkpoint) sharded as `live` is; `value`
     itself when `live` is not sharded or `value` already is."""
-    if not _is_dtensor(live) or _is_dtensor(value):
+    if not is_dtensor(live) or is_dtensor(value):
         return value
     from torch.distributed.tensor import distribute_tensor
     return distribute_tensor(value.to(live.device, live.dtype), live.device_mesh, live.placements, src_data_rank=None)
@@ -189,7 +190,7 @@ def sharded_like(value: torch.Tensor, live: torch.Tensor) -> torch.Tensor:
 def gather_whole(obj):
     """`obj` (a state dict, nested) with every sharded DTensor gathered into a whole tensor on
     the CPU: a collective when there are DTensors (every rank calls it with the same structure)."""
-    if _is_dtensor(obj):
+    if is_dtensor(obj):
         return obj.full_tensor().cpu()
     if isinstance(obj, dict):
         return {k: gather_whole(v) for k, v in obj.items()}

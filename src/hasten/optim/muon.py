@@ -28,6 +28,8 @@ import math
 
 import torch
 
+from ..utils import is_dtensor
+
 NS_DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 DEFAULT_EXCLUDE = ("*wte*", "*wpe*", "*embed*", "*lm_head*", "*head*", "fc.*", "*.fc.weight")
 
@@ -92,11 +94,6 @@ def _matrix(t: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     return t.reshape(t.shape[0], -1)
 
 
-def _is_dtensor(t: torch.Tensor) -> bool:
-    from torch.distributed.tensor import DTensor
-    return isinstance(t, DTensor)
-
-
 def _whole_matrix_update(update, orthogonalise):
     """Muon under FSDP: the Newton-Schulz iteration needs the whole matrix, so the sharded
     update is gathered (every rank computes the same orthogonalisation) and each rank keeps
@@ -158,7 +155,7 @@ class ConvMuon(torch.optim.Muon):
                 update = g.lerp(buf, mom) if group["nesterov"] else buf
                 orthogonalise = lambda m: newton_schulz(m, group["ns_coefficients"], group["ns_steps"],  # noqa: E731
                                                         group["eps"], NS_DTYPES[group.get("ns_dtype", "fp32")])
-                update = _whole_matrix_update(update, orthogonalise) if _is_dtensor(p) else orthogonalise(update)
+                update = _whole_matrix_update(update, orthogonalise) if is_dtensor(p) else orthogonalise(update)
                 p.mul_(1 - lr * wd)
                 p.add_(update, alpha=-lr * _lr_ratio(group["adjust_lr_fn"], *p.shape))
         return loss
@@ -167,7 +164,7 @@ class ConvMuon(torch.optim.Muon):
         for p in group["params"]:
             if p.grad is None:
                 continue
-            if _is_dtensor(p):   # sharded (FSDP): the momentum stays sharded; the update is made whole
+            if is_dtensor(p):   # sharded (FSDP): the momentum stays sharded; the update is made whole
                 params_with_grad.append(p)
                 grads.append(p.grad)
                 state = self.state[p]
@@ -200,7 +197,7 @@ def muon_for(params: list[torch.Tensor], lr: float = 0.02, momentum: float = 0.9
     kw = dict(lr=lr, momentum=momentum, weight_decay=weight_decay, adjust_lr_fn=adjust_lr_fn, ns_steps=ns_steps,
               nesterov=nesterov)
     bf16 = ns_dtype_for(ns_dtype, precision) == torch.bfloat16
-    if all(p.ndim == 2 for p in params) and not normalize_weights and bf16 and not any(map(_is_dtensor, params)):
+    if all(p.ndim == 2 for p in params) and not normalize_weights and bf16 and not any(map(is_dtensor, params)):
         opt = torch.optim.Muon(params, **kw)
     else:
         opt = ConvMuon(params, normalize_weights=normalize_weights, ns_dtype=ns_dtype, precision=precision, **kw)
