@@ -16,7 +16,7 @@ PENDING = {"activation_swap", "batch_size_warmup", "chunked_cross_entropy", "cut
            "frozen_bn_scale", "ghost_batchnorm", "gradient_clipping", "infobatch",
            "layer_freezing", "lookahead", "low_precision_layernorm", "patch_whitening",
            "pool_reorder", "proxy_selection", "sam", "selective_backprop", "stochastic_depth",
-           "swa"}
+           "swa", "gradual_pruning"}
 METHODS = sorted(set(REGISTRY) - INSTRUMENTS)
 _TABLE = re.compile(r"^\|.*\|\s*\n\|[-| :]+\|\s*$", re.M)
 

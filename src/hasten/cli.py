@@ -1,4 +1,4 @@
-"""The command line: hasten train [--resume RUN_DIR] | bench | recipes | --version.
+"""The command line: hasten train [--resume RUN_DIR] | bench | compress | eval | recipes | --version.
 
 Every error a user can cause is printed as one line (`hasten: error: ...`) with exit code 2
 for a wrong recipe or argument and 1 for other faults; `--debug` or HASTEN_DEBUG=1 shows
@@ -202,6 +202,41 @@ def _cmd_bench(args) -> int:
     return 0
 
 
+def _cmd_compress(args) -> int:
+    from .compress.pipeline import compress_run
+    from .errors import ConfigError as _CE
+    try:
+        result = compress_run(args.source, prune=args.prune, scope=args.scope, structured_ratio=args.structured,
+                              quant=args.quantize, finetune_for=args.finetune, lr_factor=args.finetune_lr,
+                              out=args.out, overrides=args.overrides, export=args.export,
+                              latency=not args.no_latency, repeats=args.repeats)
+    except ValueError as e:   # a bad sparsity or mode from the functional layer: a user mistake
+        if isinstance(e, HastenError):
+            raise
+        raise _CE(str(e)) from None
+    print(open(result.report_path).read())
+    print(f"artifact: {result.artifact}\nreport: {result.report_path} (and {result.report_path.with_suffix('.json').name})")
+    return 0
+
+
+def _cmd_eval(args) -> int:
+    from .compress.pipeline import evaluate_artifact
+    metrics = evaluate_artifact(args.artifact, args.overrides)
+    print("  ".join(f"{k}={v:.4f}" for k, v in metrics.items()))
+    return 0
+
+
+def _fraction(text: str) -> float:
+    """A sparsity or ratio: a number in [0, 1)."""
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: give a fraction in [0, 1), e.g. 0.5") from None
+    if not 0.0 <= v < 1.0:
+        raise argparse.ArgumentTypeError(f"{text}: give a fraction in [0, 1) (the share of weights removed), e.g. 0.5")
+    return v
+
+
 def _nproc_list(text: str) -> list[int]:
     """--nproc N or N,M,...: each a whole number of processes >= 1."""
     try:
@@ -287,6 +322,36 @@ def make_parser() -> argparse.ArgumentParser:
                    "e.g. 1,2, run every recipe at each, side by side")
     b.add_argument("--order", help="ladder step order, comma-separated step names")
     b.set_defaults(func=_cmd_bench)
+    c = sub.add_parser("compress", help="prune and quantize a trained run; write an artifact and a report",
+                       description="Rebuild a run's model from its recipe, load its last checkpoint (or the one "
+                       "given), compress it (structured pruning, then unstructured, then fine-tuning, then "
+                       "quantization), evaluate before and after, measure CPU inference, and write an artifact "
+                       "with a report (markdown and JSON) beside it. Overrides (KEY=VALUE) change the stored "
+                       "recipe, e.g. data.path=... where the data lies on this machine.")
+    c.add_argument("source", metavar="RUN_OR_CHECKPOINT", help="a run folder of hasten train, or a checkpoint in one")
+    c.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="recipe overrides (e.g. data.path=...)")
+    c.add_argument("--prune", type=_fraction, default=0.0, metavar="S", help="unstructured magnitude pruning to "
+                   "sparsity S in [0, 1) of the prunable weights (stem and head stay dense)")
+    c.add_argument("--scope", choices=("global", "layer"), default="global",
+                   help="--prune with one threshold over all layers (global, default) or per layer")
+    c.add_argument("--structured", type=_fraction, default=0.0, metavar="R", help="remove the fraction R of the "
+                   "channels (conv nets) or MLP units and heads (GPT) of every layer: a smaller model")
+    c.add_argument("--quantize", choices=("int8", "int8-weight", "int8-static"), help="int8: dynamic int8 "
+                   "activations and weights for Linear layers; int8-weight: weights only; int8-static: "
+                   "calibrated int8 convolutions and linears for x86 (torchao)")
+    c.add_argument("--finetune", metavar="DURATION", help="fine-tune after pruning for a typed time, e.g. 200ba or 1ep")
+    c.add_argument("--finetune-lr", type=float, default=0.1, metavar="F",
+                   help="fine-tune at F times the recipe's learning rates, decaying to 0 (default 0.1)")
+    c.add_argument("--out", metavar="FILE", help="artifact path (default RUN/compressed/<what was done>.hasten)")
+    c.add_argument("--export", action="store_true", help="also write a torch.export program (FILE.pt2)")
+    c.add_argument("--no-latency", action="store_true", help="skip the CPU inference measurement")
+    c.add_argument("--repeats", type=int, default=7, help="timed runs per model, path and batch (default 7)")
+    c.set_defaults(func=_cmd_compress)
+    e = sub.add_parser("eval", help="evaluate a compressed artifact on its recipe's evaluation data",
+                       description="Rebuild the model an artifact describes and evaluate it as the run did.")
+    e.add_argument("artifact", metavar="ARTIFACT")
+    e.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="recipe overrides (e.g. data.path=...)")
+    e.set_defaults(func=_cmd_eval)
     r = sub.add_parser("recipes", help="list the packaged recipes")
     r.set_defaults(func=_cmd_recipes)
     return p

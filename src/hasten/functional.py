@@ -31,6 +31,7 @@ from .algorithms.proxy_selection import proxy_select
 from .algorithms.selective_backprop import select_hardest
 from .algorithms.seq_len_warmup import reshape_sequences, warmup_length
 from .algorithms.tta import tta_logits
+from .compress.gradual import cubic_sparsity, magnitude_masks
 from .data.augment import alternating_flip, cutout, flip_where, normalize, random_flip, random_translate, translate
 from .optim.muon import muon_optimizers, split_for_muon
 from .optim.param_groups import param_groups

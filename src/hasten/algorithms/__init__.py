@@ -31,6 +31,7 @@ from .proxy_selection import ProxySelection, proxy_select
 from .selective_backprop import SelectiveBackprop, select_hardest
 from .seq_len_warmup import SeqLenWarmup, reshape_sequences
 from .tta import TTA, tta_logits
+from ..compress.gradual import GradualPruning, cubic_sparsity, magnitude_masks
 
 REGISTRY = {"ema": EMA, "delay": Delay, "seq_len_warmup": SeqLenWarmup, "batch_size_warmup": BatchSizeWarmup,
             "channels_last": ChannelsLast, "label_smoothing": LabelSmoothing, "patch_whitening": PatchWhitening,
@@ -41,7 +42,8 @@ REGISTRY = {"ema": EMA, "delay": Delay, "seq_len_warmup": SeqLenWarmup, "batch_s
             "lookahead": Lookahead, "mixup": MixUp, "pool_reorder": PoolReorder,
             "progressive_resizing": ProgressiveResizing, "sam": SAM, "swa": SWA, "blurpool": BlurPool,
             "stochastic_depth": StochasticDepth, "layer_freezing": LayerFreezing,
-            "chunked_cross_entropy": ChunkedCrossEntropy, "low_precision_layernorm": LowPrecisionLayerNorm}
+            "chunked_cross_entropy": ChunkedCrossEntropy, "low_precision_layernorm": LowPrecisionLayerNorm,
+            "gradual_pruning": GradualPruning}
 
 import types as _types
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, Optional
 
 import torch
 import torch.nn as nn
@@ -42,16 +42,29 @@ class GPTConfig:
     """MLP activation: GELU or ReLU squared."""
     mlp_ratio: int = setting(4, ge=1)
     """MLP hidden width as a multiple of n_embd."""
+    mlp_hidden: Optional[int] = setting(None, ge=1)
+    """MLP hidden width in units (default: mlp_ratio * n_embd); set by structured pruning."""
+    head_dim: Optional[int] = setting(None, ge=1)
+    """Width of one attention head (default: n_embd // n_head); structured pruning of heads
+    keeps it and lowers n_head."""
     tie_embeddings: bool = True
     """Share the token embedding and the output head."""
     zero_init_proj: bool = False
     """Initialise output projections at zero (else GPT-2 style small)."""
 
     def __post_init__(self):
-        if self.n_embd % self.n_head:
+        if self.head_dim is None and self.n_embd % self.n_head:
             raise ValueError(f"n_embd={self.n_embd} must be divisible by n_head={self.n_head}")
-        if self.pos == "rope" and (self.n_embd // self.n_head) % 2:
+        if self.pos == "rope" and self.attn_head_dim % 2:
             raise ValueError("rotary positions need an even head size")
+
+    @property
+    def attn_head_dim(self) -> int:
+        return self.head_dim or self.n_embd // self.n_head
+
+    @property
+    def hidden(self) -> int:
+        return self.mlp_hidden or self.mlp_ratio * self.n_embd
 
 
 def _rope_tables(block_size: int, head_dim: int, base: float = 10000.0):
@@ -72,9 +85,10 @@ def _apply_rope(x, cos, sin):
 class CausalSelfAttention(nn.Module):
     def __init__(self, cfg: GPTConfig):
         super().__init__()
-        self.n_head, self.head_dim, self.dropout = cfg.n_head, cfg.n_embd // cfg.n_head, cfg.dropout
-        self.qkv = nn.Linear(cfg.n_embd, 3 * cfg.n_embd, bias=cfg.bias)
-        self.proj = nn.Linear(cfg.n_embd, cfg.n_embd, bias=cfg.bias)
+        self.n_head, self.head_dim, self.dropout = cfg.n_head, cfg.attn_head_dim, cfg.dropout
+        inner = cfg.n_head * self.head_dim   # n_embd unless heads were pruned
+        self.qkv = nn.Linear(cfg.n_embd, 3 * inner, bias=cfg.bias)
+        self.proj = nn.Linear(inner, cfg.n_embd, bias=cfg.bias)
         self.resid_drop = nn.Dropout(cfg.dropout)
         self.qk_norm = cfg.qk_norm
         if cfg.pos == "rope":
@@ -85,7 +99,7 @@ class CausalSelfAttention(nn.Module):
             self.rope_cos = None
 
     def forward(self, x):
-        B, T, C = x.shape
+        B, T, _ = x.shape
         q, k, v = self.qkv(x).view(B, T, 3, self.n_head, self.head_dim).permute(2, 0, 3, 1, 4)
         if self.qk_norm:
             q, k = F.rms_norm(q, (self.head_dim,)), F.rms_norm(k, (self.head_dim,))
@@ -93,14 +107,14 @@ class CausalSelfAttention(nn.Module):
             q, k = _apply_rope(q, self.rope_cos, self.rope_sin), _apply_rope(k, self.rope_cos, self.rope_sin)
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True,
                                            dropout_p=self.dropout if self.training else 0.0)
-        return self.resid_drop(self.proj(y.transpose(1, 2).reshape(B, T, C)))
+        return self.resid_drop(self.proj(y.transpose(1, 2).reshape(B, T, self.n_head * self.head_dim)))
 
 
 class MLP(nn.Module):
     def __init__(self, cfg: GPTConfig):
         super().__init__()
-        self.fc = nn.Linear(cfg.n_embd, cfg.mlp_ratio * cfg.n_embd, bias=cfg.bias)
-        self.proj = nn.Linear(cfg.mlp_ratio * cfg.n_embd, cfg.n_embd, bias=cfg.bias)
+        self.fc = nn.Linear(cfg.n_embd, cfg.hidden, bias=cfg.bias)
+        self.proj = nn.Linear(cfg.hidden, cfg.n_embd, bias=cfg.bias)
         self.drop = nn.Dropout(cfg.dropout)
         self.relu2 = cfg.mlp == "relu2"
 

@@ -1,0 +1,94 @@
+"""The compression figures of docs/compression.md: `hasten compress` applied to trained runs
+(one per seed), each variant evaluated before and after, and its CPU inference measured
+against the uncompressed model in the same process, interleaved.
+
+    python benchmarks/compress_figures.py --name prune50 --runs runs/c10fast-s0 runs/c10fast-s1 runs/c10fast-s2 \
+        --prune 0.5 --finetune 1ep [--structured 0.3] [--quantize int8] [--finetune-lr 0.1] [KEY=VALUE ...]
+
+Writes benchmarks/results/compress-NAME.json (every run's full report) and .md (the table:
+quality before and after per seed, inference speedup at each batch with the faster of eager
+and compiled on both sides, the CPU and the commit). Artifacts go to --work (not committed).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--name", required=True)
+    p.add_argument("--runs", nargs="+", required=True, help="run folders of hasten train, one per seed")
+    p.add_argument("--prune", type=float, default=0.0)
+    p.add_argument("--scope", default="global")
+    p.add_argument("--structured", type=float, default=0.0)
+    p.add_argument("--quantize")
+    p.add_argument("--finetune")
+    p.add_argument("--finetune-lr", type=float, default=0.1)
+    p.add_argument("--repeats", type=int, default=7)
+    p.add_argument("--work", default="runs/compress-bench")
+    p.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
+    p.add_argument("overrides", nargs="*")
+    args = p.parse_args()
+    from hasten.compress.measure import best
+    from hasten.compress.pipeline import compress_run
+    from hasten.provenance import code_version, describe
+    reports = []
+    for run in args.runs:
+        print(f"== {run}", flush=True)
+        r = compress_run(run, prune=args.prune, scope=args.scope, structured_ratio=args.structured, quant=args.quantize,
+                         finetune_for=args.finetune, lr_factor=args.finetune_lr, overrides=args.overrides,
+                         out=Path(args.work) / args.name / f"{Path(run).name}.hasten", repeats=args.repeats)
+        reports.append(r.report)
+    metric, better = reports[0]["metric"], reports[0]["better"]
+    cmd = "python benchmarks/compress_figures.py " + " ".join(a for a in sys.argv[1:])
+    lines = [f"# Compression figure: {args.name}", "", f"```bash\n{cmd}\n```", "",
+             f"Steps: {'; '.join(reports[0]['compression']['steps'])}.", "",
+             f"CPU: {reports[0]['cpu']['name']} (int8 hardware: {reports[0]['cpu']['int8_hardware']}), "
+             f"{reports[0]['threads']} threads, torch {reports[0]['torch']}; code: {describe(code_version())}.", ""]
+    batches = sorted({x["batch"] for x in reports[0].get("inference", []) if "median_s" in x})
+    head = "| run | " + f"{metric} before | after | change | " + " | ".join(f"speedup at batch {b}" for b in batches) + " | bytes dense -> artifact |"
+    lines += [head, "|" + "---|" * (5 + len(batches))]
+    diffs, speed = [], {b: [] for b in batches}
+    for run, r in zip(args.runs, reports):
+        b0, a0 = r["before"][metric], r["after"][metric]
+        d = a0 - b0
+        diffs.append(d)
+        fastest = best(r.get("inference", []))
+        cells = []
+        for b in batches:
+            fb, fa = fastest.get(("before", b)), fastest.get(("after", b))
+            if fb and fa:
+                ratio = fb["median_s"] / fa["median_s"]
+                speed[b].append(ratio)
+                cells.append(f"{ratio:.2f}x ({fb['path']} {fb['per_item_ms']:.3f} -> {fa['path']} {fa['per_item_ms']:.3f} ms/item)")
+            else:
+                cells.append("-")
+        rel = f" ({100 * d / b0:+.2f}%)" if metric == "val/loss" else f" ({100 * d:+.2f} points)"
+        lines.append(f"| {Path(run).name} | {b0:.4f} | {a0:.4f} | {d:+.4f}{rel} | " + " | ".join(cells)
+                     + f" | {r['bytes']['dense_fp32']:,} -> {r['bytes']['artifact']:,} |")
+    sd = statistics.stdev(diffs) if len(diffs) > 1 else 0.0
+    lines += ["", f"Change in {metric} over {len(diffs)} runs: mean {statistics.mean(diffs):+.4f} ± {sd:.4f} (sd), "
+              f"worst {max(diffs) if better == 'min' else min(diffs):+.4f}."]
+    for b in batches:
+        if speed[b]:
+            lines.append(f"Speedup at batch {b}: median {statistics.median(speed[b]):.2f}x, range "
+                         f"{min(speed[b]):.2f}x-{max(speed[b]):.2f}x.")
+    md = "\n".join(lines) + "\n"
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"compress-{args.name}.md").write_text(md)
+    (out / f"compress-{args.name}.json").write_text(json.dumps({"command": cmd, "runs": args.runs, "reports": reports},
+                                                               indent=1, default=str))
+    print(md)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

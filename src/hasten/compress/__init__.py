@@ -1,0 +1,28 @@
+"""Compression after (or during) training: pruning and quantization, and the artifacts and
+reports of `hasten compress`.
+
+    import hasten.compress as hc
+    hc.global_magnitude_prune(model, 0.5)            # unstructured, on torch.nn.utils.prune
+    small, changes = hc.prune_structured(model, 0.3, inputs=batch)   # a smaller model of the same class
+    hc.make_permanent(model)                         # masks folded into the weights
+    hc.quantize_linear(model, "int8")                # torchao int8 (dynamic activations) for Linear layers
+    qmodel = hc.quantize_static(model, [batch])      # torchao PT2E int8 for convs on x86
+
+One module per method: pruning (magnitude, global or per layer), structured (channels,
+MLP units, heads), gradual (GradualPruning, an Algorithm with a cubic sparsity schedule),
+quantize (torchao), artifact (the file format), measure (CPU inference cost), pipeline
+(`hasten compress` / `hasten eval`). Cards: docs/methods/magnitude_pruning.md,
+structured_pruning.md, gradual_pruning.md, quantization.md; guide: docs/compression.md.
+"""
+from .artifact import read_artifact, save_artifact
+from .gradual import GradualPruning, cubic_sparsity
+from .measure import inference_cost
+from .pruning import (count_parameters, global_magnitude_prune, is_pruned, layer_magnitude_prune, layer_sparsity,
+                      make_permanent, masks, prunable_weights)
+from .quantize import MODES, int8_hardware, quantize_linear, quantize_static
+from .structured import prune_structured, structured_plan
+
+__all__ = ["GradualPruning", "MODES", "count_parameters", "cubic_sparsity", "global_magnitude_prune", "inference_cost",
+           "int8_hardware", "is_pruned", "layer_magnitude_prune", "layer_sparsity", "make_permanent", "masks",
+           "prunable_weights", "prune_structured", "quantize_linear", "quantize_static", "read_artifact",
+           "save_artifact", "structured_plan"]

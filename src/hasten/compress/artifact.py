@@ -1,0 +1,117 @@
+"""hasten artifacts: a compressed model as one file, loaded without running code.
+
+An artifact is a `torch.save` file read back with `weights_only=True` (like every hasten
+checkpoint) holding
+- `format`: "hasten-artifact/1";
+- `meta`: JSON text: the recipe the model was trained with, the config changes structured
+  pruning made, the compression applied, the evaluation before and after, the code version;
+- `weights`: the state dict. A weight with enough zeros is stored compressed: its non-zero
+  values plus a bit mask (one bit per weight), so 50% sparsity takes about 53% of the dense
+  bytes on disk; torchao's int8 tensors are stored as they are (they need torchao to load);
+- `calibration`: for int8-static, the batches the quantization was calibrated on, so loading
+  re-quantizes to the same model.
+
+Written atomically: a crash leaves the previous file (or none), never half of one.
+"""
+from __future__ import annotations
+
+import io
+import json
+import os
+from pathlib import Path
+
+import torch
+
+from ..errors import CheckpointError
+from ..files import atomic_write
+
+FORMAT = "hasten-artifact/1"
+_BITS = torch.tensor([128, 64, 32, 16, 8, 4, 2, 1], dtype=torch.uint8)
+
+
+def pack_sparse(t: torch.Tensor) -> dict | torch.Tensor:
+    """A plain float tensor with zeros as {values, bits, shape}, when that is smaller."""
+    if type(t) is not torch.Tensor or not t.is_floating_point() or t.numel() < 64:
+        return t
+    nz = t != 0
+    n = int(nz.sum())
+    if n * t.element_size() + (t.numel() + 7) // 8 >= t.numel() * t.element_size():
+        return t
+    flat = nz.reshape(-1)
+    pad = (-flat.numel()) % 8
+    bits = torch.cat([flat, flat.new_zeros(pad)]).view(-1, 8).to(torch.uint8)
+    packed = (bits * _BITS).sum(dim=1).to(torch.uint8)
+    return {"sparse_values": t.reshape(-1)[flat].clone(), "sparse_bits": packed, "shape": list(t.shape)}
+
+
+def unpack_sparse(v) -> torch.Tensor:
+    if not (isinstance(v, dict) and "sparse_values" in v):
+        return v
+    shape, values, packed = v["shape"], v["sparse_values"], v["sparse_bits"]
+    numel = 1
+    for s in shape:
+        numel *= s
+    bits = ((packed.unsqueeze(1) & _BITS) != 0).reshape(-1)[:numel]
+    if int(bits.sum()) != values.numel():
+        raise CheckpointError("artifact: a sparse weight's mask and values disagree (the file is corrupt)")
+    out = torch.zeros(numel, dtype=values.dtype)
+    out[bits] = values
+    return out.reshape(shape)
+
+
+def save_artifact(path: "str | os.PathLike", state_dict: dict, meta: dict, calibration=None) -> int:
+    """Write an artifact atomically; returns its size in bytes."""
+    path = Path(path)
+    payload = {"format": FORMAT, "meta": json.dumps(meta, default=str),
+               "weights": {k: pack_sparse(v.detach().cpu() if isinstance(v, torch.Tensor) else v)
+                           for k, v in state_dict.items()}}
+    if calibration is not None:
+        payload["calibration"] = [c.detach().cpu() for c in calibration]
+    buf = io.BytesIO()
+    torch.save(payload, buf)
+    if path.parent and not path.parent.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write(path, lambda f: f.write(buf.getbuffer()), error=CheckpointError)
+    return path.stat().st_size
+
+
+def read_artifact(path: "str | os.PathLike") -> tuple[dict, dict, list | None]:
+    """(state dict, meta, calibration batches) of an artifact; a one-line CheckpointError for a
+    missing, corrupt or foreign file."""
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"no artifact at {path}")
+    try:
+        payload = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:
+        msg = str(e)
+        if "torchao" in msg:
+            from .quantize import require_torchao
+            try:
+                require_torchao()
+            except ImportError:
+                raise CheckpointError(f"{path} holds torchao int8 weights: pip install 'hasten[compress]' "
+                                      "(torchao) to load it") from None
+            try:   # torchao registers its tensor types as safe once imported
+                payload = torch.load(path, map_location="cpu", weights_only=True)
+            except Exception as e2:
+                raise CheckpointError(f"cannot read artifact {path}: {type(e2).__name__}: "
+                                      f"{str(e2).splitlines()[0] if str(e2) else ''}") from e2
+        else:
+            first = next((ln.strip() for ln in msg.splitlines() if ln.strip()), "")
+            raise CheckpointError(f"cannot read artifact {path}: {type(e).__name__}: {first}. The file is corrupt, "
+                                  "truncated or not a hasten artifact; objects that would need code to run are refused") from e
+    if not isinstance(payload, dict) or payload.get("format") != FORMAT:
+        if isinstance(payload, dict) and "model" in payload and "meta" in payload:
+            raise CheckpointError(f"{path} is a training checkpoint, not an artifact: make one with "
+                                  f"`hasten compress {path} ...`")
+        raise CheckpointError(f"{path} is not a hasten artifact ({FORMAT})")
+    try:
+        meta = json.loads(payload["meta"])
+        weights = {k: unpack_sparse(v) for k, v in payload["weights"].items()}
+    except (KeyError, ValueError, TypeError) as e:
+        raise CheckpointError(f"artifact {path} is damaged: {type(e).__name__}: {e}") from e
+    return weights, meta, payload.get("calibration")
+
+
+__all__ = ["FORMAT", "pack_sparse", "read_artifact", "save_artifact", "unpack_sparse"]

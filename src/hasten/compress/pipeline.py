@@ -1,0 +1,440 @@
+"""`hasten compress` and `hasten eval` as functions: from a trained run to a compressed,
+evaluated and measured artifact.
+
+    result = compress_run("runs/cifar10-fast-...", prune=0.5, finetune="1ep")
+    print(result.report_path)
+
+The order is fixed and stated in the report: rebuild the model from the run's recipe (its
+model surgery replayed) and load the trained weights; evaluate; structured pruning (a
+smaller model rebuilt the same way); unstructured magnitude pruning; fine-tuning on the
+recipe's training data with the masks held; masks folded into the weights; quantization;
+evaluate again; measure inference cost on this CPU against the uncompressed model; write the
+artifact, then the report (markdown and JSON) beside it.
+
+Evaluation and fine-tuning run in fp32 on the CPU (the report compares like with like); the
+recipe's evaluation procedure is kept (its test-time augmentation included).
+"""
+from __future__ import annotations
+
+import copy
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from ..build import build_algorithms, build_optimizer
+from ..checkpoint import CheckpointIO, find_latest
+from ..config import Recipe, to_dict, validate
+from ..core.event import Event
+from ..errors import CheckpointError, ConfigError
+from ..runtime import make_runtime
+from ..tasks import TASKS
+from ..trainer import Trainer
+from . import pruning, quantize, structured
+from .artifact import read_artifact, save_artifact
+
+# recipe algorithms a fine-tune keeps: they shape the loss or the evaluation, not the run's course
+FINETUNE_KEEP = {"label_smoothing", "tta", "gradient_clipping"}
+# algorithms whose evaluations measure other weights than the model's: compress refuses them
+AVERAGED = {"ema", "swa"}
+
+
+@dataclass
+class Session:
+    """A recipe's model (surgery replayed), data, metrics and an evaluating Trainer."""
+    recipe: Recipe
+    trainer: Trainer
+    built: object
+    algorithms: list = field(default_factory=list)
+
+    @property
+    def model(self) -> torch.nn.Module:
+        return self.trainer.state.model
+
+
+def _runtime(recipe: Recipe, device: str = "cpu"):
+    t = recipe.trainer
+    return make_runtime(device=device, precision="fp32", seed=t.seed, threads=t.threads,
+                        host_allocator="default", parallelism="none")
+
+
+def with_model_changes(recipe: Recipe, changes: dict) -> Recipe:
+    """The recipe with its model section changed (structured pruning's smaller config)."""
+    if not changes:
+        return recipe
+    raw = to_dict(recipe)
+    raw["model"] = {**raw["model"], **changes}
+    return validate({**raw, "name": recipe.name})
+
+
+def open_session(recipe: Recipe, device: str = "cpu", keep: set | None = None) -> Session:
+    """Build the recipe's model and data and run its INIT (model surgery) in a Trainer that
+    evaluates like the run did. `keep`: names of the recipe's algorithms to keep besides
+    those that change the model at INIT (None: all)."""
+    used = {k for k in recipe.algorithms if k in AVERAGED}
+    if used:
+        raise ConfigError(f"this run evaluates an average of its weights ({', '.join(sorted(used))}); hasten compress "
+                          "takes the trained weights themselves, which the run never evaluated: not supported yet")
+    runtime = _runtime(recipe, device)
+    built = TASKS[recipe.task].build(recipe, runtime)
+    algorithms = build_algorithms(recipe)
+    names = list(recipe.algorithms)
+    if keep is not None:
+        algorithms = [a for n, a in zip(names, algorithms) if n in keep or Event.INIT in a.listens_to()]
+    trainer = Trainer(model=built.model, train_dataloader=built.train_dataloader, eval_dataloader=built.eval_dataloader,
+                      metrics=built.metrics, loss_fn=built.loss_fn, algorithms=algorithms, runtime=runtime,
+                      optimizers=[], max_duration=recipe.trainer.max_duration, eval_interval=recipe.trainer.max_duration,
+                      log_interval=recipe.trainer.max_duration)
+    return Session(recipe=recipe, trainer=trainer, built=built, algorithms=algorithms)
+
+
+def eval_trainer(model: torch.nn.Module, session: Session, timestamp: dict | None) -> Trainer:
+    """A Trainer that evaluates `model` (already changed) with the recipe's evaluation
+    algorithms, at the run's clock (so a final-only test-time augmentation applies)."""
+    algos = [a for a in session.algorithms if Event.INIT not in a.listens_to()
+             and any(e.value.startswith("eval") for e in a.listens_to())]
+    t = Trainer(model=model, eval_dataloader=session.built.eval_dataloader, metrics=copy.deepcopy(session.built.metrics),
+                loss_fn=session.built.loss_fn, algorithms=algos, runtime=session.trainer.runtime, optimizers=[],
+                max_duration=session.recipe.trainer.max_duration)
+    if timestamp:
+        t.state.timestamp.load_state_dict(timestamp)
+    return t
+
+
+def quality_key(recipe: Recipe) -> tuple[str, str]:
+    """(metric, 'max' or 'min'): accuracy for classification, loss for language models."""
+    return ("val/acc", "max") if recipe.task == "image_classification" else ("val/loss", "min")
+
+
+def locate(source: "str | Path") -> tuple[Path, Path]:
+    """(run folder, checkpoint file) for a run folder or a checkpoint inside one."""
+    from ..runs import is_run_folder
+    source = Path(source)
+    if source.is_dir():
+        if not is_run_folder(source):
+            raise ConfigError(f"{source} is not a hasten run folder (no recipe.yaml); give the folder "
+                              "`hasten train` printed as 'run folder', or one of its checkpoints")
+        ckpt = find_latest(source / "checkpoints")
+        if ckpt is None:
+            raise ConfigError(f"{source} has no checkpoint yet (checkpoints/ is empty): train it first")
+        return source, ckpt
+    if not source.exists():
+        raise ConfigError(f"{source}: no such run folder or checkpoint")
+    run = source.parent.parent if source.parent.name == "checkpoints" else source.parent
+    if not is_run_folder(run):
+        raise ConfigError(f"{source}: the checkpoint is not inside a run folder, so its recipe is unknown; "
+                          "give the run folder")
+    return run, source
+
+
+def calibration_batches(session: Session, count: int = 2, max_items: int = 128) -> list[torch.Tensor]:
+    """The first `count` training batches' inputs (at most `max_items` each), deterministic.
+    Float inputs are rounded to fp16 and back, so that the copy an int8-static artifact
+    stores (in fp16) calibrates to the same model when it is loaded."""
+    out = []
+    for batch in session.built.train_dataloader:
+        x, _ = session.trainer.batch_fn(batch)
+        x = x[:max_items].detach().clone()
+        if x.is_floating_point():
+            x = x.half().float().contiguous(memory_format=torch.channels_last if x.dim() == 4 and
+                                            x.is_contiguous(memory_format=torch.channels_last) else torch.contiguous_format)
+        out.append(x)
+        if len(out) >= count:
+            break
+    return out
+
+
+def load_trained(session: Session, ckpt: Path) -> dict:
+    payload = CheckpointIO().load(ckpt)
+    try:
+        session.model.load_state_dict(payload["model"])
+    except (RuntimeError, KeyError) as e:
+        first = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise CheckpointError(f"{ckpt} does not hold this recipe's model ({session.recipe.name}): {first[:200]}") from e
+    meta = json.loads(payload["meta"])
+    session.trainer.state.timestamp.load_state_dict(meta["timestamp"])
+    return meta
+
+
+def finetune(model: torch.nn.Module, session: Session, duration: str, lr_factor: float = 0.1) -> dict:
+    """Train `model` (pruned: its masks hold the zeros) on the recipe's data for `duration`,
+    with the recipe's optimizer at `lr_factor` times its learning rates, decaying linearly to
+    zero; the algorithms that shape the loss and the evaluation are kept (FINETUNE_KEEP), the
+    others, which belong to the original run's course (warm-ups, resizing, averaging), are not.
+    Returns the evaluation at its end."""
+    from ..optim import LRSchedule
+    recipe = session.recipe
+    names = list(recipe.algorithms)
+    fresh = build_algorithms(recipe)
+    algos = [a for n, a in zip(names, fresh) if n in FINETUNE_KEEP and Event.INIT not in a.listens_to()]
+
+    def optimizers(m):
+        opts = build_optimizer(recipe.optimizer, m, session.trainer.runtime, recipe.data.batch_size)
+        for o in (opts if isinstance(opts, list) else [opts]):
+            for g in o.param_groups:
+                g["lr"] *= lr_factor
+        return opts
+
+    t = Trainer(model=model, train_dataloader=session.built.train_dataloader, eval_dataloader=session.built.eval_dataloader,
+                metrics=copy.deepcopy(session.built.metrics), loss_fn=session.built.loss_fn, algorithms=algos,
+                runtime=session.trainer.runtime, optimizers=optimizers, schedulers=[LRSchedule("linear", min_factor=0.0)],
+                max_duration=duration, eval_interval=duration, log_interval=duration,
+                grad_clip_norm=recipe.trainer.grad_clip_norm)
+    t.fit()
+    model.eval()
+    return dict(t.state.eval_metrics)
+
+
+@dataclass
+class Result:
+    artifact: Path
+    report_path: Path
+    report: dict
+
+
+def _tag(prune, scope, structured_ratio, quant, ft) -> str:
+    parts = []
+    if structured_ratio:
+        parts.append(f"struct{structured_ratio:g}")
+    if prune:
+        parts.append(f"prune{prune:g}" + ("-layer" if scope == "layer" else ""))
+    if quant:
+        parts.append(quant)
+    if ft:
+        parts.append(f"ft{ft}")
+    return "-".join(parts) or "dense"
+
+
+def compress_run(source, prune: float = 0.0, scope: str = "global", structured_ratio: float = 0.0,
+                 quant: str | None = None, finetune_for: str | None = None, lr_factor: float = 0.1,
+                 out: "str | Path | None" = None, overrides: list[str] = (), export: bool = False,
+                 latency: bool = True, repeats: int = 7, device: str = "cpu", log=print) -> Result:
+    """Compress the trained model of a run folder (or one of its checkpoints); see the module doc."""
+    from ..provenance import code_version
+    from ..runs import stored_recipe
+    pruning.check_sparsity(prune, "--prune")
+    pruning.check_sparsity(structured_ratio, "--structured")
+    if scope not in ("global", "layer"):
+        raise ConfigError(f"--scope {scope!r}: choose global or layer")
+    if quant:
+        try:
+            quantize.check_mode(quant)
+        except (ValueError, ImportError) as e:
+            raise ConfigError(str(e)) from None
+    if finetune_for:
+        from ..core.time import Time
+        try:
+            Time.parse(finetune_for)
+        except ValueError as e:
+            raise ConfigError(f"--finetune {finetune_for!r}: {e}") from None
+    run_dir, ckpt = locate(source)
+    recipe = stored_recipe(run_dir, list(overrides))
+    tag = _tag(prune, scope, structured_ratio, quant, finetune_for)
+    out = Path(out) if out else run_dir / "compressed" / f"{tag}.hasten"
+    t_start = time.perf_counter()
+    log(f"rebuilding {recipe.name} from {run_dir} and loading {ckpt.name}")
+    session = open_session(recipe, device)
+    meta = load_trained(session, ckpt)
+    stamp = meta["timestamp"]
+    metric, better = quality_key(recipe)
+    dense = session.model
+    dense.eval()
+    before = eval_trainer(dense, session, stamp).evaluate()
+    log(f"before: {_fmt(before)}")
+    params_before = pruning.count_parameters(dense)
+    calib = calibration_batches(session)
+    reference = copy.deepcopy(dense)   # the uncompressed model, for the cost comparison
+    model, changes, work = dense, {}, session
+    steps = []
+    if structured_ratio:
+        sd, changes = structured.structured_plan(model, structured_ratio, inputs=calib[0])
+        work = open_session(with_model_changes(recipe, changes), device)
+        work.model.load_state_dict(sd)
+        model = work.model
+        steps.append(f"structured pruning of {structured_ratio:.0%} of the units per layer ({changes})")
+        log(f"structured: {changes}")
+    if prune:
+        fn = pruning.global_magnitude_prune if scope == "global" else pruning.layer_magnitude_prune
+        fn(model, prune)
+        steps.append(f"{scope} magnitude pruning to {prune:.0%} of the prunable weights")
+    tuned = None
+    if finetune_for:
+        log(f"fine-tuning for {finetune_for} at {lr_factor:g}x the recipe's learning rates")
+        tuned = finetune(model, work, finetune_for, lr_factor)
+        steps.append(f"fine-tuning for {finetune_for} at {lr_factor:g}x the learning rates, linear decay to 0")
+    pruning.make_permanent(model)
+    model.eval()
+    sparsity = pruning.layer_sparsity(model) if prune else {}
+    params_after = pruning.count_parameters(model)
+    state_dict = {k: v for k, v in model.state_dict().items()}
+    final, calibration = model, None
+    if quant == "int8-static":
+        calibration = [c.half() if c.is_floating_point() else c for c in calib]
+        final = quantize.quantize_static(model, calib)
+        steps.append("int8-static quantization (PT2E, X86InductorQuantizer, calibrated on 2 training batches)")
+    elif quant:
+        n = quantize.quantize_linear(model, quant)
+        state_dict = {k: v for k, v in model.state_dict().items()}
+        steps.append(f"{quant} quantization of {n} Linear layers (torchao)")
+        if n == 0:
+            log("note: no Linear layer was wide enough to quantize; for convolutions use --quantize int8-static")
+    after = eval_trainer(final, work, stamp).evaluate()
+    log(f"after:  {_fmt(after)}")
+    record = {
+        "source": {"run": str(run_dir), "checkpoint": ckpt.name, "recipe": recipe.name, "task": recipe.task},
+        "compression": {"structured": structured_ratio, "prune": prune, "scope": scope, "quantize": quant,
+                        "finetune": finetune_for, "lr_factor": lr_factor if finetune_for else None, "steps": steps},
+        "model_changes": changes, "metric": metric, "better": better,
+        "before": before, "after_finetune": tuned, "after": after,
+        "parameters": {"before": params_before[0], "after": params_after[0],
+                       "nonzero_before": params_before[1], "nonzero_after": params_after[1]},
+        "layer_sparsity": sparsity, "timestamp": stamp,
+        "cpu": {"name": quantize.cpu_name(), "int8_hardware": quantize.int8_hardware(),
+                "flags": sorted(f for f in quantize.cpu_flags() if f.startswith(("avx", "amx")))},
+        "torch": torch.__version__, "threads": torch.get_num_threads(), "code": code_version(),
+    }
+    meta_out = {**record, "recipe": to_dict(recipe), "recipe_name": recipe.name}
+    size = save_artifact(out, state_dict, meta_out, calibration)
+    dense_bytes = _dense_bytes(reference)
+    record["bytes"] = {"artifact": size, "dense_fp32": dense_bytes}
+    if export:
+        record["export"] = export_program(final, calib[0][:2], out.with_suffix(".pt2"))
+    if latency:
+        record["inference"] = measure_cost(reference, final, work, calib, repeats, log)
+    record["seconds"] = time.perf_counter() - t_start
+    report_path = out.with_suffix(".md")
+    from ..files import atomic_write
+    atomic_write(out.with_suffix(".json"), lambda f: json.dump(record, f, indent=1, default=str), binary=False)
+    atomic_write(report_path, lambda f: f.write(render(record)), binary=False)
+    return Result(artifact=out, report_path=report_path, report=record)
+
+
+def _fmt(metrics: dict) -> str:
+    return "  ".join(f"{k}={v:.4f}" for k, v in metrics.items())
+
+
+def _dense_bytes(model) -> int:
+    import io
+    buf = io.BytesIO()
+    torch.save({k: v.detach().float() for k, v in model.state_dict().items()}, buf)
+    return buf.tell()
+
+
+def export_program(model, example, path: Path) -> dict:
+    """torch.export the compressed model to `path` (for use without hasten), or say why not."""
+    try:
+        import warnings
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            batch = torch.export.Dim("batch", min=1)
+            program = torch.export.export(model, (example,), dynamic_shapes=({0: batch},), strict=False)
+            from ..files import atomic_write
+            atomic_write(path, lambda f: torch.export.save(program, f))
+        return {"path": path.name, "bytes": path.stat().st_size}
+    except Exception as e:
+        return {"error": f"torch.export does not support this model: {type(e).__name__}: {str(e).splitlines()[0][:200]}"}
+
+
+def measure_cost(reference, final, session: Session, calib, repeats: int, log) -> list:
+    from .measure import inference_cost
+    recipe = session.recipe
+    if recipe.task == "image_classification":
+        sample = calib[0][:1]
+        batches = sorted({1, 64, recipe.data.eval_batch_size})
+
+        def make(b):
+            reps = -(-b // len(calib[0]))
+            return calib[0].repeat(reps, 1, 1, 1)[:b].contiguous(memory_format=torch.channels_last
+                                                                 if calib[0].is_contiguous(memory_format=torch.channels_last) and not calib[0].is_contiguous()
+                                                                 else torch.contiguous_format)
+    else:
+        block = reference.config.block_size
+        sample = None
+        batches = sorted({1, 64, recipe.data.eval_batch_size})
+        gen = torch.Generator().manual_seed(0)
+
+        def make(b):
+            return torch.randint(0, reference.config.vocab_size, (b, block), generator=gen)
+    del sample
+    log(f"measuring CPU inference at batches {batches} ({repeats} interleaved runs each, eager and compiled)")
+    return inference_cost({"before": reference, "after": final}, make, batches, repeats=repeats)
+
+
+def render(r: dict) -> str:
+    """The compression report as markdown."""
+    from .measure import best
+    m, better = r["metric"], r["better"]
+    b, a = r["before"].get(m), r["after"].get(m)
+    lines = [f"# Compression report: {r['source']['recipe']} ({r['source']['checkpoint']})", "",
+             "Steps, in order: " + ("; ".join(r["compression"]["steps"]) or "none") + ".", "",
+             "| | before | after |", "|---|---|---|",
+             f"| {m} | {b:.4f} | {a:.4f} ({a - b:+.4f}) |"]
+    if r.get("after_finetune"):
+        lines.append(f"| {m} at the end of fine-tuning, before quantization | | {r['after_finetune'].get(m, float('nan')):.4f} |")
+    p = r["parameters"]
+    lines += [f"| parameters | {p['before']:,} | {p['after']:,} |",
+              f"| non-zero parameters | {p['nonzero_before']:,} | {p['nonzero_after']:,} |",
+              f"| bytes on disk | {r['bytes']['dense_fp32']:,} (fp32 state dict) | {r['bytes']['artifact']:,} (artifact) |"]
+    if r.get("export"):
+        e = r["export"]
+        lines.append(f"| torch.export program | | {e.get('bytes', 0):,} bytes" if "bytes" in e else f"| torch.export | | {e['error']} |")
+    if r.get("inference"):
+        rows = r["inference"]
+        fastest = best(rows)
+        lines += ["", f"CPU inference ({r['cpu']['name']}; int8 hardware: {r['cpu']['int8_hardware']}; "
+                  f"{r['threads']} threads; torch {r['torch']}): median of interleaved runs, eager and compiled "
+                  "(inductor with freezing) both measured, the faster one used for the ratio.", "",
+                  "| batch | before: eager | before: compiled | after: eager | after: compiled | speedup (best vs best) |",
+                  "|---|---|---|---|---|---|"]
+        for batch in sorted({x["batch"] for x in rows}):
+            cell = {}
+            for x in rows:
+                if x["batch"] == batch:
+                    cell[(x["model"], x["path"])] = f"{x['per_item_ms']:.3f} ms/item" if "median_s" in x else "fails"
+            fb, fa = fastest.get(("before", batch)), fastest.get(("after", batch))
+            ratio = f"{fb['median_s'] / fa['median_s']:.2f}x" if fb and fa else "-"
+            lines.append(f"| {batch} | {cell.get(('before', 'eager'), '-')} | {cell.get(('before', 'compiled'), '-')} | "
+                         f"{cell.get(('after', 'eager'), '-')} | {cell.get(('after', 'compiled'), '-')} | {ratio} |")
+    lines += ["", f"CPU flags: {', '.join(r['cpu']['flags'])}.", f"Code: {r['code']}.", ""]
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------- loading artifacts
+def load_artifact(path, overrides: list[str] = (), device: str = "cpu") -> tuple[torch.nn.Module, Session, dict]:
+    """(model, session, meta) of an artifact: the recipe's model (its surgery replayed, the
+    smaller config of structured pruning), its weights, its quantization re-applied."""
+    weights, meta, calibration = read_artifact(path)
+    from ..config import apply_override, parse_override
+    raw = dict(meta["recipe"])
+    for text in overrides:
+        keys, value = parse_override(text)
+        apply_override(raw, keys, value)
+    recipe = with_model_changes(validate({**raw, "name": meta.get("recipe_name", "artifact")}), meta.get("model_changes") or {})
+    session = open_session(recipe, device)
+    model = session.model
+    pruning.make_permanent(model)   # a recipe with gradual pruning adds masks at INIT: the artifact's weights are final
+    quant = (meta.get("compression") or {}).get("quantize")
+    try:
+        if quant in ("int8", "int8-weight"):
+            quantize.require_torchao()
+            model.load_state_dict(weights, assign=True)
+        else:
+            model.load_state_dict(weights)
+    except (RuntimeError, KeyError) as e:
+        raise CheckpointError(f"{path}: its weights do not fit the model its recipe builds: "
+                              f"{str(e).splitlines()[0][:200]}") from e
+    model.eval()
+    if quant == "int8-static":
+        model = quantize.quantize_static(model, [c.float() if c.is_floating_point() else c for c in calibration or []])
+    return model, session, meta
+
+
+def evaluate_artifact(path, overrides: list[str] = (), device: str = "cpu") -> dict:
+    model, session, meta = load_artifact(path, overrides, device)
+    return eval_trainer(model, session, meta.get("timestamp")).evaluate()
+
+
+__all__ = ["FINETUNE_KEEP", "Result", "Session", "compress_run", "evaluate_artifact", "finetune", "load_artifact",
+           "open_session", "render"]
