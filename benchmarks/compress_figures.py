@@ -32,6 +32,7 @@ def main() -> int:
     p.add_argument("--finetune")
     p.add_argument("--finetune-lr", type=float, default=0.1)
     p.add_argument("--repeats", type=int, default=7)
+    p.add_argument("--no-latency", action="store_true", help="quality and bytes only")
     p.add_argument("--work", default="runs/compress-bench")
     p.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
     p.add_argument("overrides", nargs="*")
@@ -44,7 +45,8 @@ def main() -> int:
         print(f"== {run}", flush=True)
         r = compress_run(run, prune=args.prune, scope=args.scope, structured_ratio=args.structured, quant=args.quantize,
                          finetune_for=args.finetune, lr_factor=args.finetune_lr, overrides=args.overrides,
-                         out=Path(args.work) / args.name / f"{Path(run).name}.hasten", repeats=args.repeats)
+                         out=Path(args.work) / args.name / f"{Path(run).name}.hasten", repeats=args.repeats,
+                         latency=not args.no_latency)
         reports.append(r.report)
     metric, better = reports[0]["metric"], reports[0]["better"]
     cmd = "python benchmarks/compress_figures.py " + " ".join(a for a in sys.argv[1:])

@@ -397,7 +397,11 @@ def render(r: dict) -> str:
             ratio = f"{fb['median_s'] / fa['median_s']:.2f}x" if fb and fa else "-"
             lines.append(f"| {batch} | {cell.get(('before', 'eager'), '-')} | {cell.get(('before', 'compiled'), '-')} | "
                          f"{cell.get(('after', 'eager'), '-')} | {cell.get(('after', 'compiled'), '-')} | {ratio} |")
-    lines += ["", f"CPU flags: {', '.join(r['cpu']['flags'])}.", f"Code: {r['code']}.", ""]
+    if r["compression"]["quantize"] == "int8-static":
+        lines += ["", "The int8-static artifact holds float weights and its calibration batches (fp16) and is "
+                  "re-quantized when loaded; the int8 program itself is what --export writes."]
+    from ..provenance import describe
+    lines += ["", f"CPU flags: {', '.join(r['cpu']['flags'])}.", f"Code: {describe(r['code'])}.", ""]
     return "\n".join(lines)
 
 
