@@ -4,7 +4,6 @@ removed units' weights zeroed, a closed-form schedule, fp32 outputs; artifacts a
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -296,3 +295,21 @@ def test_compress_refuses_bad_input_in_one_line_and_writes_nothing(trained_run):
         assert not (root / "bad").exists()
     r = _cli("compress", "nowhere", cwd=root)
     assert r.returncode == 2 and "no such run folder" in r.stderr
+
+
+def test_int8_static_artifact_of_a_conv_run_reloads_to_the_same_evaluation(cifar_zip, tmp_path):
+    pytest.importorskip("torchao")
+    r = _cli("train", "cifar10-narrow", f"data.path={cifar_zip}", "model.widths=[8,16,16]", "trainer.max_duration=3ba",
+             "trainer.eval_interval=3ba", "trainer.run_dir=run", "--no-progress", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    r = _cli("compress", "run", "--structured", "0.25", "--quantize", "int8-static", "--no-latency", "--export",
+             "--out", "c.hasten", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    report = json.loads((tmp_path / "c.json").read_text())
+    assert report["model_changes"] == {"widths": [6, 12, 12]} and (tmp_path / "c.pt2").is_file()
+    r = _cli("eval", "c.hasten", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    acc = float(r.stdout.split("val/acc=")[1].split()[0])
+    assert acc == pytest.approx(report["after"]["val/acc"], abs=1e-4)        # re-quantized to the same model
+    program = torch.export.load(tmp_path / "c.pt2").module()                 # and usable without hasten
+    assert program(torch.randn(3, 3, 32, 32)).shape == (3, 10)

@@ -52,6 +52,19 @@ def cpu_flags() -> frozenset:
 BF16_CPU_FLAGS = frozenset({"avx512_bf16", "amx_bf16"})
 
 
+def cpu_name() -> str:
+    """The CPU's model name (Linux /proc/cpuinfo; the platform's word for it elsewhere)."""
+    import platform
+    try:
+        with open("/proc/cpuinfo") as f:
+            name = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), None)
+        if name:
+            return name
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
 def cpu_has_bf16(flags: frozenset | None = None) -> bool:
     """Whether the CPU computes bf16 in hardware (AVX512-BF16 or AMX); others emulate it,
     several times slower than fp32. `flags` stands in for this CPU's, for tests."""

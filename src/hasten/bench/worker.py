@@ -23,7 +23,7 @@ import torch
 
 from ..allocator import host_allocator_state
 from ..provenance import code_version
-from ..utils import cpu_flags
+from ..utils import cpu_flags, cpu_name
 from ..core import Callback
 
 
@@ -77,12 +77,7 @@ class BenchRecorder(Callback):
 
 
 def machine() -> dict:
-    cpu, flags = platform.processor(), cpu_flags()
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), cpu)
-    except OSError:
-        pass
+    cpu, flags = cpu_name(), cpu_flags()
     # the CPU features that decide which precision is fast here
     features = sorted(flags & {"avx2", "avx512f", "avx512_bf16", "avx512_fp16", "amx_bf16", "amx_tile"})
     return {"cpu": cpu, "cpu_features": features, "cores": os.cpu_count(), "threads": torch.get_num_threads(),

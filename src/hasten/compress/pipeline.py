@@ -365,7 +365,7 @@ def measure_cost(reference, final, session: Session, calib, repeats: int, log) -
 def render(r: dict) -> str:
     """The compression report as markdown."""
     from .measure import best
-    m, better = r["metric"], r["better"]
+    m = r["metric"]
     b, a = r["before"].get(m), r["after"].get(m)
     lines = [f"# Compression report: {r['source']['recipe']} ({r['source']['checkpoint']})", "",
              "Steps, in order: " + ("; ".join(r["compression"]["steps"]) or "none") + ".", "",
@@ -379,7 +379,7 @@ def render(r: dict) -> str:
               f"| bytes on disk | {r['bytes']['dense_fp32']:,} (fp32 state dict) | {r['bytes']['artifact']:,} (artifact) |"]
     if r.get("export"):
         e = r["export"]
-        lines.append(f"| torch.export program | | {e.get('bytes', 0):,} bytes" if "bytes" in e else f"| torch.export | | {e['error']} |")
+        lines.append(f"| torch.export program | | {e.get('bytes', 0):,} bytes ({e.get('path')}) |" if "bytes" in e else f"| torch.export | | {e['error']} |")
     if r.get("inference"):
         rows = r["inference"]
         fastest = best(rows)

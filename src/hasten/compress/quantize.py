@@ -23,30 +23,9 @@ import warnings
 import torch
 import torch.nn as nn
 
+from ..utils import cpu_flags, cpu_name
+
 MODES = ("int8", "int8-weight", "int8-static")
-
-
-def cpu_flags() -> set[str]:
-    """The CPU's feature flags (Linux /proc/cpuinfo; empty elsewhere)."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("flags"):
-                    return set(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return set()
-
-
-def cpu_name() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def int8_hardware() -> str:
@@ -68,13 +47,12 @@ def require_torchao():
             q.setLevel(logging.ERROR)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            import torchao   # noqa: F401
+            import torchao
     except ImportError:
         raise ImportError("quantization needs torchao: pip install 'hasten[compress]' (or pip install torchao)") from None
     finally:
         for q, level in zip(quiet, levels):
             q.setLevel(level)
-    import torchao
     return torchao
 
 
