@@ -55,7 +55,8 @@ def main() -> int:
              f"CPU: {reports[0]['cpu']['name']} (int8 hardware: {reports[0]['cpu']['int8_hardware']}), "
              f"{reports[0]['threads']} threads, torch {reports[0]['torch']}; code: {describe(code_version())}.", ""]
     batches = sorted({x["batch"] for x in reports[0].get("inference", []) if "median_s" in x})
-    head = "| run | " + f"{metric} before | after | change | " + " | ".join(f"speedup at batch {b}" for b in batches) + " | bytes dense -> artifact |"
+    head = f"| run | {metric} before | after | change | " + "".join(f"speedup at batch {b} | " for b in batches) \
+        + "bytes dense -> artifact |"
     lines += [head, "|" + "---|" * (5 + len(batches))]
     diffs, speed = [], {b: [] for b in batches}
     for run, r in zip(args.runs, reports):
@@ -73,8 +74,8 @@ def main() -> int:
             else:
                 cells.append("-")
         rel = f" ({100 * d / b0:+.2f}%)" if metric == "val/loss" else f" ({100 * d:+.2f} points)"
-        lines.append(f"| {Path(run).name} | {b0:.4f} | {a0:.4f} | {d:+.4f}{rel} | " + " | ".join(cells)
-                     + f" | {r['bytes']['dense_fp32']:,} -> {r['bytes']['artifact']:,} |")
+        lines.append(f"| {Path(run).name} | {b0:.4f} | {a0:.4f} | {d:+.4f}{rel} | " + "".join(c + " | " for c in cells)
+                     + f"{r['bytes']['dense_fp32']:,} -> {r['bytes']['artifact']:,} |")
     sd = statistics.stdev(diffs) if len(diffs) > 1 else 0.0
     lines += ["", f"Change in {metric} over {len(diffs)} runs: mean {statistics.mean(diffs):+.4f} ± {sd:.4f} (sd), "
               f"worst {max(diffs) if better == 'min' else min(diffs):+.4f}."]
