@@ -20,6 +20,7 @@ LM = {"chunked_cross_entropy": {"chunk_size": 32}, "low_precision_layernorm": {}
 VISION = {"activation_swap": {"old": "relu", "new": "gelu"}, "blurpool": {"min_channels": 4}, "channels_last": {},
           "cutmix": {}, "cutout": {"size": 4}, "delay": {"seconds": 0.0}, "dirac_init": {}, "ema": {"half_life": "0.5dur"},
           "frozen_bn_scale": {}, "ghost_batchnorm": {"ghost_size": 2}, "gradient_clipping": {},
+          "gradual_pruning": {"sparsity": 0.5, "start": "1ba", "end": "3ba", "interval": "1ba"},
           "infobatch": {}, "label_smoothing": {}, "layer_freezing": {}, "lookahead": {"k": 2}, "mixup": {},
           "patch_whitening": {"num_images": 16}, "patch_whitening+train_bias_for": {"num_images": 16, "train_bias_for": "2ba"},
           "pool_reorder": {}, "progressive_resizing": {}, "proxy_selection": {"proxy": {"name": "resnet9", "width": 4}},
