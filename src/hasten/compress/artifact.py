@@ -15,13 +15,13 @@ Written atomically: a crash leaves the previous file (or none), never half of on
 """
 from __future__ import annotations
 
-import io
 import json
 import os
 from pathlib import Path
 
 import torch
 
+from ..checkpoint import _first_line
 from ..errors import CheckpointError
 from ..files import atomic_write
 
@@ -67,11 +67,8 @@ def save_artifact(path: "str | os.PathLike", state_dict: dict, meta: dict, calib
                            for k, v in state_dict.items()}}
     if calibration is not None:
         payload["calibration"] = [c.detach().cpu() for c in calibration]
-    buf = io.BytesIO()
-    torch.save(payload, buf)
-    if path.parent and not path.parent.exists():
-        path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write(path, lambda f: f.write(buf.getbuffer()), error=CheckpointError)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write(path, lambda f: torch.save(payload, f), error=CheckpointError)
     return path.stat().st_size
 
 
@@ -95,11 +92,9 @@ def read_artifact(path: "str | os.PathLike") -> tuple[dict, dict, list | None]:
             try:   # torchao registers its tensor types as safe once imported
                 payload = torch.load(path, map_location="cpu", weights_only=True)
             except Exception as e2:
-                raise CheckpointError(f"cannot read artifact {path}: {type(e2).__name__}: "
-                                      f"{str(e2).splitlines()[0] if str(e2) else ''}") from e2
+                raise CheckpointError(f"cannot read artifact {path}: {type(e2).__name__}: {_first_line(e2)}") from e2
         else:
-            first = next((ln.strip() for ln in msg.splitlines() if ln.strip()), "")
-            raise CheckpointError(f"cannot read artifact {path}: {type(e).__name__}: {first}. The file is corrupt, "
+            raise CheckpointError(f"cannot read artifact {path}: {type(e).__name__}: {_first_line(e)}. The file is corrupt, "
                                   "truncated or not a hasten artifact; objects that would need code to run are refused") from e
     if not isinstance(payload, dict) or payload.get("format") != FORMAT:
         if isinstance(payload, dict) and "model" in payload and "meta" in payload:

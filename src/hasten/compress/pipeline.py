@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 
 from ..build import build_algorithms, build_optimizer
-from ..checkpoint import CheckpointIO, find_latest
+from ..checkpoint import CheckpointIO, _first_line, find_latest
 from ..config import Recipe, to_dict, validate
 from ..core.event import Event
 from ..errors import CheckpointError, ConfigError
@@ -69,10 +69,9 @@ def with_model_changes(recipe: Recipe, changes: dict) -> Recipe:
     return validate({**raw, "name": recipe.name})
 
 
-def open_session(recipe: Recipe, device: str = "cpu", keep: set | None = None) -> Session:
+def open_session(recipe: Recipe, device: str = "cpu") -> Session:
     """Build the recipe's model and data and run its INIT (model surgery) in a Trainer that
-    evaluates like the run did. `keep`: names of the recipe's algorithms to keep besides
-    those that change the model at INIT (None: all)."""
+    evaluates like the run did."""
     used = {k for k in recipe.algorithms if k in AVERAGED}
     if used:
         raise ConfigError(f"this run evaluates an average of its weights ({', '.join(sorted(used))}); hasten compress "
@@ -80,9 +79,6 @@ def open_session(recipe: Recipe, device: str = "cpu", keep: set | None = None) -
     runtime = _runtime(recipe, device)
     built = TASKS[recipe.task].build(recipe, runtime)
     algorithms = build_algorithms(recipe)
-    names = list(recipe.algorithms)
-    if keep is not None:
-        algorithms = [a for n, a in zip(names, algorithms) if n in keep or Event.INIT in a.listens_to()]
     trainer = Trainer(model=built.model, train_dataloader=built.train_dataloader, eval_dataloader=built.eval_dataloader,
                       metrics=built.metrics, loss_fn=built.loss_fn, algorithms=algorithms, runtime=runtime,
                       optimizers=[], max_duration=recipe.trainer.max_duration, eval_interval=recipe.trainer.max_duration,
@@ -138,8 +134,7 @@ def calibration_batches(session: Session, count: int = 2, max_items: int = 128) 
         x, _ = session.trainer.batch_fn(batch)
         x = x[:max_items].detach().clone()
         if x.is_floating_point():
-            x = x.half().float().contiguous(memory_format=torch.channels_last if x.dim() == 4 and
-                                            x.is_contiguous(memory_format=torch.channels_last) else torch.contiguous_format)
+            x = x.half().float()   # keeps the memory format (channels-last stays)
         out.append(x)
         if len(out) >= count:
             break
@@ -151,8 +146,8 @@ def load_trained(session: Session, ckpt: Path) -> dict:
     try:
         session.model.load_state_dict(payload["model"])
     except (RuntimeError, KeyError) as e:
-        first = str(e).splitlines()[0] if str(e) else type(e).__name__
-        raise CheckpointError(f"{ckpt} does not hold this recipe's model ({session.recipe.name}): {first[:200]}") from e
+        raise CheckpointError(f"{ckpt} does not hold this recipe's model ({session.recipe.name}): "
+                              f"{(_first_line(e) or type(e).__name__)[:200]}") from e
     meta = json.loads(payload["meta"])
     session.trainer.state.timestamp.load_state_dict(meta["timestamp"])
     return meta
@@ -268,7 +263,7 @@ def compress_run(source, prune: float = 0.0, scope: str = "global", structured_r
     model.eval()
     sparsity = pruning.layer_sparsity(model) if prune else {}
     params_after = pruning.count_parameters(model)
-    state_dict = {k: v for k, v in model.state_dict().items()}
+    state_dict = model.state_dict()
     final, calibration = model, None
     if quant == "int8-static":
         calibration = [c.half() if c.is_floating_point() else c for c in calib]
@@ -276,7 +271,7 @@ def compress_run(source, prune: float = 0.0, scope: str = "global", structured_r
         steps.append("int8-static quantization (PT2E, X86InductorQuantizer, calibrated on 2 training batches)")
     elif quant:
         n = quantize.quantize_linear(model, quant)
-        state_dict = {k: v for k, v in model.state_dict().items()}
+        state_dict = model.state_dict()
         steps.append(f"{quant} quantization of {n} Linear layers (torchao)")
         if n == 0:
             log("note: no Linear layer was wide enough to quantize; for convolutions use --quantize int8-static")
@@ -334,30 +329,26 @@ def export_program(model, example, path: Path) -> dict:
             atomic_write(path, lambda f: torch.export.save(program, f))
         return {"path": path.name, "bytes": path.stat().st_size}
     except Exception as e:
-        return {"error": f"torch.export does not support this model: {type(e).__name__}: {str(e).splitlines()[0][:200]}"}
+        return {"error": f"torch.export does not support this model: {type(e).__name__}: {_first_line(e)[:200]}"}
 
 
 def measure_cost(reference, final, session: Session, calib, repeats: int, log) -> list:
     from .measure import inference_cost
     recipe = session.recipe
+    batches = sorted({1, 64, recipe.data.eval_batch_size})
     if recipe.task == "image_classification":
-        sample = calib[0][:1]
-        batches = sorted({1, 64, recipe.data.eval_batch_size})
+        x0 = calib[0]
+        layout = torch.channels_last if x0.dim() == 4 and x0.is_contiguous(memory_format=torch.channels_last) \
+            and not x0.is_contiguous() else torch.contiguous_format
 
-        def make(b):
-            reps = -(-b // len(calib[0]))
-            return calib[0].repeat(reps, 1, 1, 1)[:b].contiguous(memory_format=torch.channels_last
-                                                                 if calib[0].is_contiguous(memory_format=torch.channels_last) and not calib[0].is_contiguous()
-                                                                 else torch.contiguous_format)
+        def make(b):   # the calibration images, repeated to the batch, in their memory format
+            return x0.repeat(-(-b // len(x0)), 1, 1, 1)[:b].contiguous(memory_format=layout)
     else:
-        block = reference.config.block_size
-        sample = None
-        batches = sorted({1, 64, recipe.data.eval_batch_size})
+        block, vocab = reference.config.block_size, reference.config.vocab_size
         gen = torch.Generator().manual_seed(0)
 
         def make(b):
-            return torch.randint(0, reference.config.vocab_size, (b, block), generator=gen)
-    del sample
+            return torch.randint(0, vocab, (b, block), generator=gen)
     log(f"measuring CPU inference at batches {batches} ({repeats} interleaved runs each, eager and compiled)")
     return inference_cost({"before": reference, "after": final}, make, batches, repeats=repeats)
 
@@ -428,7 +419,7 @@ def load_artifact(path, overrides: list[str] = (), device: str = "cpu") -> tuple
             model.load_state_dict(weights)
     except (RuntimeError, KeyError) as e:
         raise CheckpointError(f"{path}: its weights do not fit the model its recipe builds: "
-                              f"{str(e).splitlines()[0][:200]}") from e
+                              f"{_first_line(e)[:200]}") from e
     model.eval()
     if quant == "int8-static":
         model = quantize.quantize_static(model, [c.float() if c.is_floating_point() else c for c in calibration or []])

@@ -67,19 +67,24 @@ def _weight(m: nn.Module) -> torch.Tensor:
     return m.weight_orig if hasattr(m, "weight_orig") else m.weight
 
 
-def _prune_to(layers, sparsity: float, scope: str) -> None:
+def _prune_to(model: nn.Module, sparsity: float, layers, scope: str) -> dict:
     """Masks (torch.nn.utils.prune's custom_from_mask) that remove the smallest |w| to reach
-    `sparsity`; entries already masked stay masked. Computed on reshaped copies, so
-    channels-last weights work too (torch's global_unstructured needs contiguous ones)."""
+    `sparsity` over `layers` (default `prunable_weights(model)`), together or per layer;
+    entries already masked stay masked. Computed on reshaped copies, so channels-last weights
+    work too (torch's global_unstructured needs contiguous ones). Returns layer_sparsity."""
     from .gradual import magnitude_masks
+    s = check_sparsity(sparsity)
+    layers = prunable_weights(model) if layers is None else layers
+    if not layers:
+        raise ValueError("this model has no conv or linear layers to prune")
     weights = [_weight(m).detach() for _, m in layers]
     old = [getattr(m, "weight_mask", None) for _, m in layers]
     old = [o if o is not None else torch.ones_like(w) for o, w in zip(old, weights)]
-    new = magnitude_masks(weights, old, sparsity, scope)
-    for (_, m), mask in zip(layers, new):
+    for (_, m), mask in zip(layers, magnitude_masks(weights, old, s, scope)):
         if prune.is_pruned(m):
             prune.remove(m, "weight")   # fold the old mask (its zeros stay), then mask again
         prune.custom_from_mask(m, "weight", mask)
+    return layer_sparsity(model, layers)
 
 
 def global_magnitude_prune(model: nn.Module, sparsity: float, layers=None) -> dict:
@@ -87,23 +92,13 @@ def global_magnitude_prune(model: nn.Module, sparsity: float, layers=None) -> di
     (default `prunable_weights(model)`): layers with many small weights lose more. The same
     masks as `torch.nn.utils.prune.global_unstructured` with L1Unstructured. Returns the
     sparsity reached per layer."""
-    s = check_sparsity(sparsity)
-    layers = prunable_weights(model) if layers is None else layers
-    if not layers:
-        raise ValueError("this model has no conv or linear layers to prune")
-    _prune_to(layers, s, "global")
-    return layer_sparsity(model, layers)
+    return _prune_to(model, sparsity, layers, "global")
 
 
 def layer_magnitude_prune(model: nn.Module, sparsity: float, layers=None) -> dict:
     """Zero the `sparsity` fraction of smallest-magnitude weights of each layer on its own
     (torch's l1_unstructured per layer)."""
-    s = check_sparsity(sparsity)
-    layers = prunable_weights(model) if layers is None else layers
-    if not layers:
-        raise ValueError("this model has no conv or linear layers to prune")
-    _prune_to(layers, s, "layer")
-    return layer_sparsity(model, layers)
+    return _prune_to(model, sparsity, layers, "layer")
 
 
 def apply_masks(model: nn.Module, masks: dict[str, torch.Tensor]) -> None:

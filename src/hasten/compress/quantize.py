@@ -118,11 +118,5 @@ def quantize_static(model: nn.Module, calibration: list[torch.Tensor]) -> nn.Mod
         return converted
 
 
-def quantized_layers(model: nn.Module) -> int:
-    """Layers whose weight is a torchao quantized tensor."""
-    return sum(1 for m in model.modules()
-               if isinstance(getattr(m, "weight", None), torch.Tensor) and type(m.weight.data if isinstance(m.weight, nn.Parameter) else m.weight).__module__.startswith("torchao"))
-
-
 __all__ = ["MODES", "check_mode", "cpu_flags", "cpu_name", "int8_hardware", "quantize_linear", "quantize_static",
-           "quantized_layers", "require_torchao"]
+           "require_torchao"]

@@ -29,6 +29,20 @@ from ..models.speedrun import ACTIVATIONS, ConvGroup, SpeedrunNet
 from .pruning import check_sparsity, is_pruned
 
 
+@torch.no_grad()
+def _observe(model: nn.Module, inputs, hooks: list) -> None:
+    """One forward of `inputs` in eval mode with forward `hooks` (handles) in place; the
+    hooks are removed and the model's mode restored afterwards."""
+    was = model.training
+    model.eval()
+    try:
+        model(inputs)
+    finally:
+        model.train(was)
+        for h in hooks:
+            h.remove()
+
+
 def kept(n: int, ratio: float) -> int:
     """Units kept of n when the `ratio` fraction is removed (at least one)."""
     return max(1, int(round(n * (1.0 - ratio))))
@@ -50,23 +64,13 @@ def _speedrun_layers(model: SpeedrunNet):
     return list(model.groups)
 
 
-@torch.no_grad()
 def _speedrun_activations(model: SpeedrunNet, inputs: torch.Tensor | None) -> list[torch.Tensor] | None:
     """Mean |activation| per channel after each group's two activations (six vectors)."""
     if inputs is None:
         return None
-    acts, hooks = [], []
-    for g in model.groups:
-        for i in (3, 6):
-            hooks.append(g[i].register_forward_hook(lambda m, a, out: acts.append(out.float().abs().mean((0, 2, 3)))))
-    was = model.training
-    model.eval()
-    try:
-        model(inputs)
-    finally:
-        model.train(was)
-        for h in hooks:
-            h.remove()
+    acts = []
+    _observe(model, inputs, [g[i].register_forward_hook(lambda m, a, out: acts.append(out.float().abs().mean((0, 2, 3))))
+                             for g in model.groups for i in (3, 6)])
     return acts
 
 
@@ -136,7 +140,6 @@ def speedrun_plan(model: SpeedrunNet, ratio: float, inputs: torch.Tensor | None 
 
 
 # ---------------------------------------------------------------------------- GPT
-@torch.no_grad()
 def _gpt_activations(model: GPT, inputs: torch.Tensor | None):
     """Per block: mean |MLP hidden activation| per unit, and mean norm of each head's output."""
     if inputs is None:
@@ -155,14 +158,7 @@ def _gpt_activations(model: GPT, inputs: torch.Tensor | None):
             heads.append(y.reshape(*y.shape[:-1], attn.n_head, attn.head_dim).norm(dim=-1).mean(dim=tuple(range(y.dim() - 1))))
 
         hooks.append(attn.proj.register_forward_hook(on_attn_proj))
-    was = model.training
-    model.eval()
-    try:
-        model(inputs)
-    finally:
-        model.train(was)
-        for h in hooks:
-            h.remove()
+    _observe(model, inputs, hooks)
     return mlp, heads
 
 
