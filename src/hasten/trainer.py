@@ -819,7 +819,7 @@ class Trainer:
         for name, m in metrics.items():
             results[f"{prefix}/{name}"] = float(m.compute())
         state.eval_metrics = results
-        self.logger.log(results)
+        self.logger.log({**results, "time/train_seconds": state.timestamp.train_seconds})   # quality against time
         run(EVAL_END)
         state.forward_model = train_forward
         self.logger.flush(state.timestamp.batch)
