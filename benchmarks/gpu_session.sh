@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# The GPU measurements of a lent GPU, in one script (benchmarks/results/gpu/README.md quotes
+# them): run from the repository root on the GPU machine with the CIFAR-10 zip at
+# .data/cifar10-jpeg.zip; results go to $OUT (default gpu-out/). Parts: `bench` (cifar10-fast,
+# 5 seeds, segments ended by a device synchronisation), `ddp` (DDP at world size 1 against no
+# wrapper, interleaved, 3 seeds), `fsdp` (FSDP2 on CUDA: NCCL, the bf16 policy, a sharded DCP
+# checkpoint, a resume and the whole export), `lm` (nanoGPT's GPU Tiny Shakespeare config).
+#   bash benchmarks/gpu_session.sh bench ddp fsdp
+set -u
+OUT=${OUT:-gpu-out}
+mkdir -p "$OUT"
+export PYTHONPATH=$PWD/src PYTHONUNBUFFERED=1
+hasten() { python3 -c 'import sys; from hasten.cli import main; sys.exit(main())' "$@"; }
+W=$(mktemp -d)
+DATA=data.path=.data/cifar10-jpeg.zip
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+python3 -c 'import torch; print("torch", torch.__version__, torch.cuda.get_device_name())'
+git rev-parse --short HEAD 2>/dev/null
+
+for part in "$@"; do
+  case $part in
+  bench)
+    hasten bench cifar10-fast $DATA --seeds 5 --target 'val/acc>=0.908' --out "$W/b" --name cifar10-fast-cuda-synced
+    ;;
+  ddp)   # the same run without a wrapper and under torchrun as DDP at world size 1, alternately
+    for s in 0 1 2; do
+      for mode in none ddp; do
+        extra=(); [ $mode = ddp ] && extra=(--nproc 1)
+        echo "== ddp-check mode=$mode seed=$s"
+        hasten train cifar10-fast $DATA trainer.seed=$s trainer.run_dir=$W/ddp-$mode-$s --no-progress "${extra[@]}" 2>&1 \
+          | grep -E "done in|final|rank|parallel"
+      done
+    done
+    ;;
+  fsdp)  # FSDP2 at world size 1 on CUDA (NCCL), bf16 policy, sharded checkpoint, resume, whole export
+    G="shakespeare-char-baseline trainer.parallelism=fsdp trainer.precision=bf16-mixed trainer.eval_interval=100ba"
+    hasten train $G trainer.max_duration=200ba trainer.run_dir=$W/fsdp --no-progress --nproc 1 2>&1 | tail -4
+    ls "$W/fsdp/checkpoints"
+    hasten train --resume "$W/fsdp" trainer.max_duration=400ba --force --no-progress --nproc 1 2>&1 | tail -4
+    ls "$W/fsdp/checkpoints"
+    python3 - "$W/fsdp" <<'EOF'
+import sys, glob, torch
+from hasten.checkpoint_sharded import export_whole
+d = sorted(glob.glob(sys.argv[1] + "/checkpoints/*.dcp"))[-1]
+export_whole(d, sys.argv[1] + "/whole.pt")
+p = torch.load(sys.argv[1] + "/whole.pt", weights_only=True)
+print("export", d.rsplit("/", 1)[-1], "->", len(p["model"]), "tensors, loads with weights_only=True")
+EOF
+    ;;
+  lm)
+    C=model.n_layer=6+model.n_head=6+model.n_embd=384+model.dropout=0.2+data.block_size=256+data.batch_size=64+trainer.precision=bf16-mixed+trainer.compile=true+trainer.eval_interval=250ba
+    hasten bench shakespeare-char-baseline+$C+trainer.max_duration=5000ba --seeds 3 --cap 120 \
+      --target 'val/loss<=1.47' --out "$W/b" --name shakespeare-gpu-synced
+    ;;
+  esac
+done
+tar -czf "$OUT/gpu.tar.gz" -C "$W" --exclude='*.pt' --exclude='*.dcp' --exclude='tensorboard' . 2>/dev/null
+ls -la "$OUT"
