@@ -4,7 +4,8 @@
 # .data/cifar10-jpeg.zip; results go to $OUT (default gpu-out/). Parts: `bench` (cifar10-fast,
 # 5 seeds, segments ended by a device synchronisation), `ddp` (DDP at world size 1 against no
 # wrapper, interleaved, 3 seeds), `fsdp` (FSDP2 on CUDA: NCCL, the bf16 policy, a sharded DCP
-# checkpoint, a resume and the whole export), `lm` (nanoGPT's GPU Tiny Shakespeare config).
+# checkpoint, a resume and the whole export), `lm` (nanoGPT's GPU Tiny Shakespeare config),
+# `cards-a`, `cards-b` (method cards on the cifar10-narrow proxy).
 #   bash benchmarks/gpu_session.sh bench ddp fsdp
 set -u
 OUT=${OUT:-gpu-out}
@@ -46,6 +47,19 @@ export_whole(d, sys.argv[1] + "/whole.pt")
 p = torch.load(sys.argv[1] + "/whole.pt", weights_only=True)
 print("export", d.rsplit("/", 1)[-1], "->", len(p["model"]), "tensors, loads with weights_only=True")
 EOF
+    ;;
+  cards-a|cards-b)   # method cards on the cifar10-narrow 10-epoch proxy, 3 seeds, against the proxy itself
+    N=cifar10-narrow
+    if [ $part = cards-a ]; then
+      M=($N+algorithms.cutmix.alpha=1.0 $N+algorithms.gradient_clipping.threshold=1.0 $N+algorithms.lookahead.k=5
+         $N+algorithms.sam.rho=0.05 $N+algorithms.selective_backprop.keep=0.5 $N+algorithms.swa.start=0.75)
+    else
+      M=($N+algorithms.infobatch.prune_ratio=0.5 $N+algorithms.layer_freezing.start=0.5
+         $N+algorithms.ghost_batchnorm.ghost_size=32)
+    fi
+    hasten bench $N "${M[@]}" trainer.max_duration=10ep trainer.eval_interval=5ep schedule.warmup=1ep $DATA \
+      --target 'val/acc>=@first-worst' --seeds 3 --out "$W/b" --name cards-vision-proxy-h100-${part#cards-} \
+      --title "Method cards on the cifar10-narrow 10-epoch proxy (H100), part ${part#cards-}"
     ;;
   lm)
     C=model.n_layer=6+model.n_head=6+model.n_embd=384+model.dropout=0.2+data.block_size=256+data.batch_size=64+trainer.precision=bf16-mixed+trainer.compile=true+trainer.eval_interval=250ba
