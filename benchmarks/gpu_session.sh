@@ -26,7 +26,7 @@ for part in "$@"; do
   ddp)   # the same run without a wrapper and under torchrun as DDP at world size 1, alternately
     for s in 0 1 2; do
       for mode in none ddp; do
-        extra=(); [ $mode = ddp ] && extra=(--nproc 1)
+        extra=(); [ $mode = ddp ] && extra=(--nproc 1 trainer.parallelism=ddp)   # auto would pick none at size 1
         echo "== ddp-check mode=$mode seed=$s"
         hasten train cifar10-fast $DATA trainer.seed=$s trainer.run_dir=$W/ddp-$mode-$s --no-progress "${extra[@]}" 2>&1 \
           | grep -E "done in|final|rank|parallel"
