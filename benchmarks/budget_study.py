@@ -39,7 +39,10 @@ RECIPE = "shakespeare-char-fast"
 # name: (width, heads, layers); the small one is shakespeare-char-fast itself
 SIZES = {"S": (128, 4, 2), "M": (256, 4, 4), "L": (384, 6, 6)}
 FINETUNE = "50ba"
-# name: (structured ratio, unstructured sparsity, int8, fine-tune, measure latency on seed 0)
+# name: (structured ratio, unstructured sparsity, int8, fine-tune, measure latency on seed 0);
+# u: global magnitude pruning (one threshold for all matrices), lu: per layer (each matrix
+# pruned to the sparsity), added once the global variants showed what Muon's per-matrix
+# scales do to one global threshold (docs/compression.md)
 VARIANTS = {
     "u30": (0.0, 0.3, False, False, False),
     "u30+ft": (0.0, 0.3, False, True, False),
@@ -53,6 +56,10 @@ VARIANTS = {
     "u50+ft+int8": (0.0, 0.5, True, True, False),
     "s30+ft+int8": (0.3, 0.0, True, True, True),
     "s30+u50+ft+int8": (0.3, 0.5, True, True, False),
+    "lu50": (0.0, 0.5, False, False, False),
+    "lu50+ft": (0.0, 0.5, False, True, False),
+    "lu70+ft": (0.0, 0.7, False, True, False),
+    "lu50+ft+int8": (0.0, 0.5, True, True, False),
 }
 
 
@@ -118,7 +125,8 @@ def compress(args) -> None:
             if out.with_suffix(".json").is_file():
                 continue
             print(f"== {run.name} {name}", flush=True)
-            compress_run(run, prune=prune, structured_ratio=structured, quant="int8" if int8 else None,
+            compress_run(run, prune=prune, scope="layer" if name.startswith("lu") else "global",
+                         structured_ratio=structured, quant="int8" if int8 else None,
                          finetune_for=FINETUNE if ft else None, out=out, repeats=args.repeats,
                          latency=timed and seed == first, log=lambda m: print("  " + m, flush=True))
 
@@ -262,7 +270,7 @@ COLORS = {"S": "tab:blue", "M": "tab:orange", "L": "tab:red"}
 
 def _marker(name: str) -> str:
     return "o" if name == "dense" else "s" if name.startswith("s30") else "^" if "int8" in name and name.startswith("int8") \
-        else "v" if name.startswith("u") else "D"
+        else "v" if name.startswith("u") else "<" if name.startswith("lu") and "int8" not in name else "D"
 
 
 def _plots(data: dict, rows: list[dict], images: Path, name: str) -> list[Path]:
@@ -297,28 +305,40 @@ def _plots(data: dict, rows: list[dict], images: Path, name: str) -> list[Path]:
     fig.savefig(paths[-1], dpi=110)
     plt.close(fig)
     # 2. every variant: loss against bytes and against batch-1 latency
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4.4))
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.6))
+    best = min(r["val_loss"] for r in rows)
+    top = best + 0.6   # collapsed variants are drawn at the top edge, their loss written beside them
     for r in rows:
         c, mk = COLORS[r["size"]], _marker(r["variant"])
-        axes[0].errorbar(r["bytes"] / 1e6, r["val_loss"], yerr=r["val_loss_sd"], fmt=mk, color=c, ms=5, capsize=2)
-        if r["batch1_ms"]:
-            axes[1].errorbar(r["batch1_ms"], r["val_loss"], yerr=r["val_loss_sd"], fmt=mk, color=c, ms=5, capsize=2)
+        y = min(r["val_loss"], top)
         for ax, x in ((axes[0], r["bytes"] / 1e6), (axes[1], r["batch1_ms"])):
-            if x and r["variant"] in ("dense", "int8", "s30+ft", "u70", "s30+u50+ft+int8"):
-                ax.annotate(f"{r['size']} {r['variant']}", (x, r["val_loss"]), fontsize=6, xytext=(3, 3),
+            if not x:
+                continue
+            ax.errorbar(x, y, yerr=r["val_loss_sd"] if y < top else None, fmt=mk, color=c, ms=5, capsize=2,
+                        mfc="none" if y >= top else c)
+            if y >= top:
+                ax.annotate(f"{r['val_loss']:.2f}", (x, y), fontsize=6, xytext=(0, -9), textcoords="offset points",
+                            ha="center", color=c)
+            elif r["variant"] in ("dense", "int8", "s30+ft", "lu50+ft", "s30+ft+int8"):
+                ax.annotate(f"{r['size']} {r['variant']}", (x, y), fontsize=6, xytext=(3, 3),
                             textcoords="offset points")
-    axes[0].set_xscale("log")
+    from matplotlib.ticker import FuncFormatter
+    for ax in axes:
+        ax.set_xscale("log")
+        ax.set_ylim(best - 0.05, top + 0.05)
+        for axis in (ax.xaxis.set_major_formatter, ax.xaxis.set_minor_formatter):
+            axis(FuncFormatter(lambda v, _: f"{v:g}"))
     axes[0].set_xlabel("bytes on disk (MB, log)")
-    axes[1].set_xlabel("CPU latency, batch 1, one window (ms)")
+    axes[1].set_xlabel("CPU latency, batch 1, one window (ms, log)")
     from matplotlib.lines import Line2D
     handles = [Line2D([], [], color=COLORS[s], marker="o", ls="", label=f"size {s}") for s in COLORS] + \
         [Line2D([], [], color="gray", marker=m, ls="", label=l) for m, l in
-         (("o", "dense"), ("v", "unstructured"), ("s", "structured 30%"), ("^", "int8"), ("D", "pruned + int8"))]
+         (("o", "dense"), ("v", "unstructured, global"), ("<", "unstructured, per layer"), ("s", "structured 30%"), ("^", "int8"), ("D", "pruned + int8"))]
     for ax in axes:
         ax.set_ylabel("validation loss")
         ax.grid(alpha=0.3)
     axes[1].legend(handles=handles, fontsize=7)
-    axes[0].set_title("every variant: loss against size")
+    axes[0].set_title("every variant: loss against size (hollow: off the scale)")
     axes[1].set_title("every variant: loss against latency")
     fig.tight_layout()
     paths.append(images / f"{name}-variants.png")
