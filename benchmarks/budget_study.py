@@ -363,11 +363,20 @@ def _plots(data: dict, rows: list[dict], images: Path, name: str) -> list[Path]:
         if ref:
             ax.axhline(ref["val_loss"], color=COLORS[small], ls=":", lw=1, label=f"{small} dense loss")
             ax.axvline(ref["batch1_ms"], color=COLORS[small], ls="--", lw=1, label=f"{small} dense latency")
-        ax.set_xlabel("CPU latency, batch 1, one window (ms)")
+        from matplotlib.lines import Line2D
+        from matplotlib.ticker import FuncFormatter
+        ax.set_xscale("log")
+        for axis in (ax.xaxis.set_major_formatter, ax.xaxis.set_minor_formatter):
+            axis(FuncFormatter(lambda v, _: f"{v:g}"))
+        low = min(r["val_loss"] for r in timed)
+        ax.set_ylim(low - 0.03, low + 0.45)   # collapsed variants lie above (see the variants plot)
+        ax.set_xlabel("CPU latency, batch 1, one window (ms, log)")
         ax.set_ylabel("validation loss")
         ax.set_title("quality against inference latency (hollow: train small)")
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
+        handles, _ = ax.get_legend_handles_labels()
+        handles += [Line2D([], [], color=COLORS[s], marker="o", ls="", label=f"size {s}") for s in COLORS]
+        ax.legend(handles=handles, fontsize=7)
         fig.tight_layout()
         paths.append(images / f"{name}-frontier.png")
         fig.savefig(paths[-1], dpi=110)
