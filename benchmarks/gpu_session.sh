@@ -67,6 +67,7 @@ EOF
       --target 'val/loss<=1.47' --out "$W/b" --name shakespeare-gpu-synced
     ;;
   esac
+  # after every part, so a call stopped by its time limit still brings back what finished
+  tar -czf "$OUT/gpu.tar.gz" -C "$W" --exclude='*.pt' --exclude='*.dcp' --exclude='tensorboard' . 2>/dev/null
 done
-tar -czf "$OUT/gpu.tar.gz" -C "$W" --exclude='*.pt' --exclude='*.dcp' --exclude='tensorboard' . 2>/dev/null
 ls -la "$OUT"
