@@ -273,6 +273,22 @@ def _marker(name: str) -> str:
         else "v" if name.startswith("u") else "<" if name.startswith("lu") and "int8" not in name else "D"
 
 
+def _plain_log_x(ax) -> None:
+    """A log x axis labelled in plain numbers (0.6, 2, 5), not powers of ten."""
+    from matplotlib.ticker import FuncFormatter
+    ax.set_xscale("log")
+    for axis in (ax.xaxis.set_major_formatter, ax.xaxis.set_minor_formatter):
+        axis(FuncFormatter(lambda v, _: f"{v:g}"))
+
+
+def _save(fig, path: Path) -> Path:
+    import matplotlib.pyplot as plt
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def _plots(data: dict, rows: list[dict], images: Path, name: str) -> list[Path]:
     import matplotlib
     matplotlib.use("Agg")
@@ -300,10 +316,7 @@ def _plots(data: dict, rows: list[dict], images: Path, name: str) -> list[Path]:
         ax.legend(fontsize=8)
     axes[0].set_title("same wall-clock budget: loss against time")
     axes[1].set_title("the same runs against data seen")
-    fig.tight_layout()
-    paths.append(images / f"{name}-training.png")
-    fig.savefig(paths[-1], dpi=110)
-    plt.close(fig)
+    paths.append(_save(fig, images / f"{name}-training.png"))
     # 2. every variant: loss against bytes and against batch-1 latency
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.6))
     best = min(r["val_loss"] for r in rows)
@@ -322,12 +335,9 @@ def _plots(data: dict, rows: list[dict], images: Path, name: str) -> list[Path]:
             elif r["variant"] in ("dense", "int8", "s30+ft", "lu50+ft", "s30+ft+int8"):
                 ax.annotate(f"{r['size']} {r['variant']}", (x, y), fontsize=6, xytext=(3, 3),
                             textcoords="offset points")
-    from matplotlib.ticker import FuncFormatter
     for ax in axes:
-        ax.set_xscale("log")
+        _plain_log_x(ax)
         ax.set_ylim(best - 0.05, top + 0.05)
-        for axis in (ax.xaxis.set_major_formatter, ax.xaxis.set_minor_formatter):
-            axis(FuncFormatter(lambda v, _: f"{v:g}"))
     axes[0].set_xlabel("bytes on disk (MB, log)")
     axes[1].set_xlabel("CPU latency, batch 1, one window (ms, log)")
     from matplotlib.lines import Line2D
@@ -340,10 +350,7 @@ def _plots(data: dict, rows: list[dict], images: Path, name: str) -> list[Path]:
     axes[1].legend(handles=handles, fontsize=7)
     axes[0].set_title("every variant: loss against size (hollow: off the scale)")
     axes[1].set_title("every variant: loss against latency")
-    fig.tight_layout()
-    paths.append(images / f"{name}-variants.png")
-    fig.savefig(paths[-1], dpi=110)
-    plt.close(fig)
+    paths.append(_save(fig, images / f"{name}-variants.png"))
     # 3. the frontier: train small against train large, then compress
     timed = [r for r in rows if r["batch1_ms"]]
     if timed:
@@ -364,10 +371,7 @@ def _plots(data: dict, rows: list[dict], images: Path, name: str) -> list[Path]:
             ax.axhline(ref["val_loss"], color=COLORS[small], ls=":", lw=1, label=f"{small} dense loss")
             ax.axvline(ref["batch1_ms"], color=COLORS[small], ls="--", lw=1, label=f"{small} dense latency")
         from matplotlib.lines import Line2D
-        from matplotlib.ticker import FuncFormatter
-        ax.set_xscale("log")
-        for axis in (ax.xaxis.set_major_formatter, ax.xaxis.set_minor_formatter):
-            axis(FuncFormatter(lambda v, _: f"{v:g}"))
+        _plain_log_x(ax)
         low = min(r["val_loss"] for r in timed)
         ax.set_ylim(low - 0.03, low + 0.45)   # collapsed variants lie above (see the variants plot)
         ax.set_xlabel("CPU latency, batch 1, one window (ms, log)")
@@ -377,10 +381,7 @@ def _plots(data: dict, rows: list[dict], images: Path, name: str) -> list[Path]:
         handles, _ = ax.get_legend_handles_labels()
         handles += [Line2D([], [], color=COLORS[s], marker="o", ls="", label=f"size {s}") for s in COLORS]
         ax.legend(handles=handles, fontsize=7)
-        fig.tight_layout()
-        paths.append(images / f"{name}-frontier.png")
-        fig.savefig(paths[-1], dpi=110)
-        plt.close(fig)
+        paths.append(_save(fig, images / f"{name}-frontier.png"))
     return paths
 
 
