@@ -1,4 +1,5 @@
 """The command line as a user runs it."""
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -31,6 +32,10 @@ def test_train_short_run_prints_results_and_paths(tmp_path):
     run = next((tmp_path / "runs").iterdir())
     assert (run / "recipe.yaml").is_file() and (run / "metrics.jsonl").is_file()
     assert (run / "checkpoints" / "ep0-ba30.pt").is_file()
+    # every evaluation says when it happened in training time (quality against time)
+    evals = [r for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines()) if "val/loss" in r]
+    assert [r["step"] for r in evals] == [15, 30]
+    assert 0 < evals[0]["time/train_seconds"] < evals[1]["time/train_seconds"]
 
 
 def test_train_config_errors_exit_2(tmp_path, capsys):
