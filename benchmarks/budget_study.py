@@ -136,8 +136,9 @@ def _evals(run: Path) -> list[tuple[float, int, float]]:
     rows = []
     for line in (run / "metrics.jsonl").read_text().splitlines():
         r = json.loads(line)
-        if "val/loss" in r:
-            rows.append((r["time/train_seconds"], r["step"], r["val/loss"]))
+        if "val/loss" in r:   # the study's runs (at 47a747e) wrote the key as time/train_seconds
+            t = r.get("time/train_seconds_at_eval", r.get("time/train_seconds"))
+            rows.append((t, r["step"], r["val/loss"]))
     return rows
 
 

@@ -35,7 +35,7 @@ def test_train_short_run_prints_results_and_paths(tmp_path):
     # every evaluation says when it happened in training time (quality against time)
     evals = [r for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines()) if "val/loss" in r]
     assert [r["step"] for r in evals] == [15, 30]
-    assert 0 < evals[0]["time/train_seconds"] < evals[1]["time/train_seconds"]
+    assert 0 < evals[0]["time/train_seconds_at_eval"] < evals[1]["time/train_seconds_at_eval"]
 
 
 def test_train_config_errors_exit_2(tmp_path, capsys):

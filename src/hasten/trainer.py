@@ -819,7 +819,9 @@ class Trainer:
         for name, m in metrics.items():
             results[f"{prefix}/{name}"] = float(m.compute())
         state.eval_metrics = results
-        self.logger.log({**results, "time/train_seconds": state.timestamp.train_seconds})   # quality against time
+        # when, in training time, this evaluation happened (quality against time from the log
+        # alone); its own key, since the training record of the same step has time/train_seconds
+        self.logger.log({**results, "time/train_seconds_at_eval": state.timestamp.train_seconds})
         run(EVAL_END)
         state.forward_model = train_forward
         self.logger.flush(state.timestamp.batch)
