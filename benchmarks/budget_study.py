@@ -86,8 +86,8 @@ def train(args) -> None:
             t = time.perf_counter()
             log = work / f"{run_name(size, seed)}.log"
             with open(log, "w") as f:
-                r = subprocess.run([sys.executable, "-c", "import sys; from hasten.cli import main; sys.exit(main())",
-                                    *cmd], env=env, stdout=f, stderr=subprocess.STDOUT)
+                r = subprocess.run([sys.executable, "-m", "hasten.cli", *cmd], env=env, stdout=f,
+                                   stderr=subprocess.STDOUT)
             if r.returncode != 0:
                 raise SystemExit(f"{run} failed (exit {r.returncode}); see {log}")
             (run / "done.json").write_text(json.dumps({"command": "hasten " + " ".join(cmd), "size": size,
@@ -174,8 +174,8 @@ def collect(args) -> dict:
                 for (model, batch), row in fastest.items():
                     if (model == "before") != (name == "dense"):   # the dense model's cost: u50's reference
                         continue
-                    latency.setdefault(size, {}).setdefault(name, {})[batch] = {
-                        "ms": row["per_item_ms"], "path": row["path"], "per_item_ms": row["per_item_ms"]}
+                    latency.setdefault(size, {}).setdefault(name, {})[batch] = {"ms": row["per_item_ms"],
+                                                                                 "path": row["path"]}
     return {"training": training, "variants": variants, "latency": latency}
 
 
@@ -196,7 +196,7 @@ def _summary(data: dict) -> list[dict]:
                     "bytes": statistics.mean(v["bytes"] for v in vs), "parameters": vs[0]["parameters"],
                     "nonzero": statistics.mean(v["nonzero"] for v in vs),
                     "latency_source": src, "batch1_ms": b1 and b1["ms"], "batch1_path": b1 and b1["path"],
-                    "batch64_ms_per_window": b64 and b64["per_item_ms"]})
+                    "batch64_ms_per_window": b64 and b64["ms"]})
     order = {s: i for i, s in enumerate(SIZES)}
     vorder = {n: i for i, n in enumerate(["dense", *VARIANTS])}
     return sorted(out, key=lambda r: (order[r["size"]], vorder[r["variant"]]))
@@ -215,9 +215,11 @@ def report(args) -> None:
     from common import git_commit, git_dirty, machine
     data = collect(args)
     rows = _summary(data)
+    timed = [r for r in rows if r["batch1_ms"]]
+    front = [timed[i] for i in pareto([(r["batch1_ms"], r["val_loss"]) for r in timed])]
     images = ROOT / "docs" / "images"
     images.mkdir(parents=True, exist_ok=True)
-    plots = _plots(data, rows, images, args.name)
+    plots = _plots(data, rows, timed, front, images, args.name)
     lines = [f"# Budget study: train large, then compress ({args.name})", "",
              "Commands (from the repository root):", "",
              f"```bash\npython benchmarks/budget_study.py train --budget {args.budget} --every {args.every}\n"
@@ -250,8 +252,6 @@ def report(args) -> None:
         b64 = f"{r['batch64_ms_per_window']:.3f}" if r["batch64_ms_per_window"] else "-"
         lines.append(f"| {r['size']} | {r['variant']} | {r['seeds']} | {r['val_loss']:.4f} | {r['val_loss_sd']:.4f} | "
                      f"{ch:+.2f}% | {r['bytes']:,.0f} | {r['nonzero']:,.0f} | {b1} | {r['latency_source']} | {b64} |")
-    front = [rows[i] for i in pareto([(r["batch1_ms"], r["val_loss"]) for r in rows if r["batch1_ms"]])] \
-        if any(r["batch1_ms"] for r in rows) else []
     lines += ["", "## Pareto front (val/loss against batch-1 latency)", "",
               "| size | variant | val/loss | batch 1 ms |", "|---|---|---|---|"]
     lines += [f"| {r['size']} | {r['variant']} | {r['val_loss']:.4f} | {r['batch1_ms']:.3f} |" for r in front]
@@ -290,7 +290,7 @@ def _save(fig, path: Path) -> Path:
     return path
 
 
-def _plots(data: dict, rows: list[dict], images: Path, name: str) -> list[Path]:
+def _plots(data: dict, rows: list[dict], timed: list[dict], front: list[dict], images: Path, name: str) -> list[Path]:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -353,7 +353,6 @@ def _plots(data: dict, rows: list[dict], images: Path, name: str) -> list[Path]:
     axes[1].set_title("every variant: loss against latency")
     paths.append(_save(fig, images / f"{name}-variants.png"))
     # 3. the frontier: train small against train large, then compress
-    timed = [r for r in rows if r["batch1_ms"]]
     if timed:
         fig, ax = plt.subplots(figsize=(6.8, 4.6))
         small = min(SIZES, key=lambda s: SIZES[s][0] * SIZES[s][2])
@@ -361,7 +360,6 @@ def _plots(data: dict, rows: list[dict], images: Path, name: str) -> list[Path]:
             group = "train small" if r["size"] == small else "train large, then compress"
             ax.plot(r["batch1_ms"], r["val_loss"], _marker(r["variant"]), color=COLORS[r["size"]],
                     mfc="none" if group == "train small" else COLORS[r["size"]], ms=6)
-        front = [timed[i] for i in pareto([(r["batch1_ms"], r["val_loss"]) for r in timed])]
         ax.step([r["batch1_ms"] for r in front], [r["val_loss"] for r in front], where="post", color="k", lw=1,
                 label="Pareto front")
         for r in front:

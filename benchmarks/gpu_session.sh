@@ -11,7 +11,7 @@ set -u
 OUT=${OUT:-gpu-out}
 mkdir -p "$OUT"
 export PYTHONPATH=$PWD/src PYTHONUNBUFFERED=1
-hasten() { python3 -c 'import sys; from hasten.cli import main; sys.exit(main())' "$@"; }
+hasten() { python3 -m hasten.cli "$@"; }
 W=$(mktemp -d)
 DATA=data.path=.data/cifar10-jpeg.zip
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
