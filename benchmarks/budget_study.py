@@ -226,7 +226,8 @@ def report(args) -> None:
              "python benchmarks/budget_study.py compress\n"
              f"python benchmarks/budget_study.py report --name {args.name}\n```", ""]
     m = machine()
-    lines += [f"Machine: {m['cpu']}, {m['cores']} cores, torch {m['torch']}; report at commit {git_commit()}"
+    lines += [f"Machine: {m['cpu']} ({', '.join(m.get('cpu_features', []))}), {m['cores']} cores, torch {m['torch']}; "
+              f"report at commit {git_commit()}"
               f"{' (with uncommitted changes)' if git_dirty() else ''}.", "", "## Training under one budget", "",
               "| size | width x layers | parameters | seeds | steps (mean) | val/loss at the end: mean ± sd (min-max) |",
               "|---|---|---|---|---|---|"]
