@@ -62,6 +62,25 @@ def test_pool_reorder_keeps_the_function_for_monotone_layers():
     assert PoolReorder.listens_to() == (Event.INIT,)
 
 
+def test_pool_reorder_reaches_resnet9_pools_nested_one_level_down_and_refuses_a_model_without_any():
+    from hasten.models import MODELS
+    torch.manual_seed(0)
+    a = MODELS["resnet9"](width=4)
+    for m in a.modules():
+        if isinstance(m, nn.BatchNorm2d):
+            m.running_mean.uniform_(-1, 1), m.running_var.uniform_(0.5, 2), m.weight.data.uniform_(0.5, 2)
+    b = MODELS["resnet9"](width=4)
+    b.load_state_dict(a.state_dict())
+    assert hf.reorder_pools(b) == 3   # layer1, layer2, layer3: Sequential(conv_bn, MaxPool2d, ...)
+    assert isinstance(b.layer1[0][1], nn.MaxPool2d) and isinstance(b.layer1[1], nn.Identity)
+    x, _ = _img_batch()
+    torch.testing.assert_close(a.eval()(x), b.eval()(x), rtol=1e-5, atol=1e-6)
+    assert hf.reorder_pools(b) == 0   # nothing left to move
+    with pytest.raises(ValueError, match="pool_reorder: the model has no conv"):
+        Trainer(MODELS["speedrun"](widths=(8, 16, 16)), [_img_batch()], device="cpu", algorithms=[PoolReorder()],
+                max_duration="1ba")
+
+
 def test_activation_swap_replaces_modules_and_the_optimizer_sees_the_new_model():
     model = _conv_net()
     x, y = _img_batch()
