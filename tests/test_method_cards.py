@@ -48,3 +48,14 @@ def test_every_card_has_a_measured_effect_table_or_is_listed_as_pending(name):
 
 def test_instruments_and_pending_name_registered_algorithms():
     assert INSTRUMENTS <= set(REGISTRY) and PENDING <= set(REGISTRY)
+
+
+def test_the_index_of_measured_effects_is_generated_from_the_cards_as_they_are():
+    import subprocess
+    import sys
+    script = DOCS.parents[1] / "benchmarks" / "method_cards.py"
+    done = subprocess.run([sys.executable, str(script), "--check"], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    index = (DOCS / "README.md").read_text()
+    for name in METHODS:   # every method appears, as a row or in the not-measured list
+        assert f"[{name}]({name}.md)" in index, name
