@@ -31,15 +31,23 @@ _REPORT = re.compile(r"benchmarks/results/bench/([\w.-]+)/report\.md|--name ([\w
 
 def _registered() -> set[str]:
     sys.path.insert(0, str(ROOT / "src"))
-    from hasten.algorithms import REGISTRY
-    return set(REGISTRY) - {"delay"}
+    from hasten.algorithms import INSTRUMENTS, REGISTRY
+    return set(REGISTRY) - INSTRUMENTS
+
+
+def measured_section(text: str) -> str:
+    i = text.find("**Measured effect")
+    return text[i:] if i >= 0 else ""
+
+
+def links(names: list[str]) -> str:
+    return ", ".join(f"[{n}]({n}.md)" for n in names) if names else "none"
 
 
 def card_rows(text: str) -> tuple[str | None, list[list[str]], str]:
     """(report folder, the harness table's non-baseline rows as cells, the metric column's
     header); no rows where the card's table has another shape (a screen, a cost table)."""
-    i = text.find("**Measured effect")
-    section = text[i:] if i >= 0 else ""
+    section = measured_section(text)
     m = _REPORT.search(section)
     lines = section.splitlines()
     for k, line in enumerate(lines):
@@ -80,11 +88,10 @@ def build() -> str:
     missing, other = [], []
     for name in sorted(_registered()):
         card = CARDS / f"{name}.md"
-        folder, rows, metric = card_rows(card.read_text()) if card.is_file() else (None, [], "")
+        text = card.read_text() if card.is_file() else ""
+        folder, rows, metric = card_rows(text)
         if not rows:
-            text = card.read_text() if card.is_file() else ""
-            measured = text[text.find("**Measured effect"):] if "**Measured effect" in text else ""
-            (other if re.search(r"^\|.*\|\s*$", measured, re.M) else missing).append(name)
+            (other if re.search(r"^\|.*\|\s*$", measured_section(text), re.M) else missing).append(name)
             continue
         report = f"[report](../../benchmarks/results/bench/{folder}/report.md)" if folder else ""
         unit = metric.split("(")[0].replace("final", "").strip()
@@ -92,8 +99,6 @@ def build() -> str:
             variant, reached, ttt, timed, quality = cells[:5]
             out.append(f"| [{name}]({name}.md) | {variant} | {proxy_of(folder)} | {reached} | {ttt} | {timed} | "
                        f"{unit} {quality} | {report} |")
-    def links(names):
-        return ", ".join(f"[{n}]({n}.md)" for n in names) if names else "none"
     out += ["", "Measured in another form (a screen, a cost table; see each card): " + links(other) + ".",
             "", "Not measured with the harness yet: " + links(missing) + ".", ""]
     return "\n".join(out)

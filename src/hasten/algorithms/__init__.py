@@ -45,6 +45,9 @@ REGISTRY = {"ema": EMA, "delay": Delay, "seq_len_warmup": SeqLenWarmup, "batch_s
             "chunked_cross_entropy": ChunkedCrossEntropy, "low_precision_layernorm": LowPrecisionLayerNorm,
             "gradual_pruning": GradualPruning}
 
+# test instruments, not methods: no card, no functional form, no measured effect
+INSTRUMENTS = frozenset({"delay"})
+
 import types as _types
 
 __all__ = sorted(n for n, v in list(globals().items())
