@@ -42,7 +42,7 @@ def child(steps: int, batch: int) -> None:
     import torch.nn.functional as F
 
     from hasten.models import SpeedrunNet
-    from hasten.utils import cpu_has_bf16
+    from hasten.hardware import cpu_has_bf16
     bf16 = cpu_has_bf16()
     torch.manual_seed(0)
     model = SpeedrunNet(widths=(64, 256, 256)).to(memory_format=torch.channels_last)

@@ -20,7 +20,7 @@ import torch
 from common import write_results
 from hasten.models import GPT, GPTConfig, SpeedrunNet
 from hasten.optim import ConvMuon, newton_schulz, split_for_muon
-from hasten.utils import cpu_has_bf16
+from hasten.hardware import cpu_has_bf16
 
 MODELS = {  # name: (model, Newton-Schulz steps, normalize) as the recipes use them
     "speedrun net (cifar10-fast)": (lambda: SpeedrunNet(widths=(64, 256, 256)), 3, True),

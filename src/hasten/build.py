@@ -2,18 +2,22 @@
 algorithms, callbacks, loggers and a run folder. Nothing here is task-specific."""
 from __future__ import annotations
 
+import dataclasses
 import datetime as _dt
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
+from .assemble import CheckpointOptions, Durations, StepOptions, assemble
 from .callbacks import LRMonitor, ProgressBar, SpeedMonitor
 from .callbacks.checkpoint import Checkpoint
+from .checkpoint import ShardedCheckpointIO
+from .distributed.prepare import ParallelOptions
 from .config import OptimizerConfig, Recipe, make_algorithm
 from .errors import ConfigError
 from .files import LOCK_NAME, FolderLock, ensure_writable_dir
-from .loggers import ConsoleLogger, JSONLLogger
+from .loggers import ConsoleLogger, JSONLLogger, TensorBoardLogger
 from .optim import LRSchedule, apply_lr_multipliers, param_groups
 from .optim.muon import muon_for, muon_optimizers, split_for_muon
 from .optim.sgdw import SGDW, decoupled_hparams
@@ -170,45 +174,38 @@ def _stop_every_rank_if_main_failed(error: BaseException | None) -> None:
         raise ConfigError(f"rank 0 could not prepare the run folder: {box[0]}")
 
 
+def _options(cls, section):
+    """The grouped option `cls` from the recipe section that holds its fields under the same names."""
+    return cls(**{f.name: getattr(section, f.name) for f in dataclasses.fields(cls) if hasattr(section, f.name)})
+
+
 def _trainer(recipe: Recipe, built: Built, algorithms: list, run_dir: Path, runtime: Runtime, progress_bar,
              console_logger: bool) -> Trainer:
     t = recipe.trainer
-    loggers = [JSONLLogger(run_dir / "metrics.jsonl")] if runtime.world.is_main else []
+    main = runtime.world.is_main
+    loggers = [JSONLLogger(run_dir / "metrics.jsonl")] if main else []
     if console_logger:
         loggers.append(ConsoleLogger())
-    if t.tensorboard and runtime.world.is_main:
-        try:
-            from .loggers import TensorBoardLogger
-            loggers.append(TensorBoardLogger(run_dir / "tensorboard"))
-        except ImportError:
-            pass
+    if t.tensorboard and main and TensorBoardLogger.available():
+        loggers.append(TensorBoardLogger(run_dir / "tensorboard"))
     callbacks = [SpeedMonitor(flops_per_sample=built.flops_per_sample), LRMonitor()]
     if progress_bar if progress_bar is not None else t.progress_bar:
         callbacks.insert(0, ProgressBar())
-    checkpoint_io = None
-    if runtime.world.sharded and t.fsdp.checkpoint == "sharded":
-        from .checkpoint_sharded import ShardedCheckpointIO
-        checkpoint_io = ShardedCheckpointIO()   # each rank writes its shards
+    io = ShardedCheckpointIO() if runtime.world.sharded and t.fsdp.checkpoint == "sharded" else None
     if t.checkpoints:
         callbacks.append(Checkpoint(str(run_dir / "checkpoints"), interval=t.save_interval or t.eval_interval,
-                                    keep_last=t.keep_last, io=checkpoint_io))
+                                    keep_last=t.keep_last, io=io))
     s = recipe.schedule
     schedule = LRSchedule(s.name, warmup=s.warmup, warmdown=s.warmdown, min_factor=s.min_factor,
                           start_factor=s.start_factor)
     try:
-        return Trainer(
-            model=built.model, train_dataloader=built.train_dataloader, eval_dataloader=built.eval_dataloader,
+        return Trainer.from_parts(assemble(
+            built.model, runtime, train_dataloader=built.train_dataloader, eval_dataloader=built.eval_dataloader,
             optimizers=lambda model: build_optimizer(recipe.optimizer, model, runtime, recipe.data.batch_size),
-            schedulers=[schedule],
-            loss_fn=built.loss_fn, max_duration=t.max_duration, eval_interval=t.eval_interval,
-            log_interval=t.log_interval, metrics=built.metrics, algorithms=algorithms, callbacks=callbacks,
-            loggers=loggers, runtime=runtime, compile=t.compile, grad_accum=t.grad_accum,
-            grad_clip_norm=t.grad_clip_norm, load_path=t.load_path, autoresume=t.autoresume,
-            sync_batchnorm=t.sync_batchnorm,
-            checkpoint_io=checkpoint_io,
-            fsdp=({"reshard_after_forward": t.fsdp.reshard_after_forward, "blocks": tuple(t.fsdp.blocks),
-                   "activation_checkpointing": t.fsdp.activation_checkpointing, "checkpoint": t.fsdp.checkpoint}
-                  if runtime.world.sharded else None))
+            schedulers=[schedule], loss_fn=built.loss_fn, metrics=built.metrics, algorithms=algorithms,
+            callbacks=callbacks, loggers=loggers, durations=_options(Durations, t), step=_options(StepOptions, t),
+            checkpoints=CheckpointOptions(load_path=t.load_path, autoresume=t.autoresume, io=io),
+            parallel=ParallelOptions(sync_batchnorm=t.sync_batchnorm, fsdp=t.fsdp if runtime.world.sharded else None)))
     except ValueError as e:
         if isinstance(e, ConfigError):
             raise

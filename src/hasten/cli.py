@@ -7,17 +7,38 @@ the traceback instead.
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import shlex
+import signal
+import subprocess
 import sys
+import tempfile
 import time
+from dataclasses import replace
+from pathlib import Path
 
+import yaml
+from rich.console import Console
+
+from . import __version__
+from .bench.ladder import ladder_markdown, ladder_plot, ladder_specs
+from .bench.report import latest_per_run, resolve_target, write_report
+from .bench.runner import BenchInterrupted, Spec, outcome, run_comparison, unique_labels
+from .bench.target import Target
+from .build import build_algorithms, build_run
+from .compress.pipeline import compress_run, evaluate_artifact
+from .config import available_recipes, check_time, load_recipe, to_dict
+from .core.algorithm import parallel_refusal_message
+from .distributed.world import leave_worker
 from .errors import ConfigError, HastenError
+from .runs import resume_recipe
+from .tasks import TASKS
 
 DEFAULT_RECIPE = "shakespeare-char-baseline"
 
 
 def _cmd_recipes(args) -> int:
-    from .config import available_recipes
     recipes = available_recipes()
     width = max(map(len, recipes), default=0)
     for name, desc in recipes.items():
@@ -26,16 +47,8 @@ def _cmd_recipes(args) -> int:
 
 
 def _cmd_train(args) -> int:
-    from rich.console import Console
-
-    from pathlib import Path
-
-    from .build import build_run
-    from .config import load_recipe
-
     console = Console(highlight=False, soft_wrap=True)
     if args.resume:
-        from .runs import resume_recipe
         if args.recipe_given:
             raise ConfigError(f"--resume continues the run stored in {args.resume}: give no recipe "
                               f"({args.recipe!r}), only overrides such as trainer.max_duration=...")
@@ -43,15 +56,12 @@ def _cmd_train(args) -> int:
     else:
         recipe = load_recipe(args.recipe, args.overrides)
     if args.print_config:
-        import yaml
 
-        from .config import to_dict
         print(yaml.safe_dump(to_dict(recipe), sort_keys=False), end="")
         return 0
     if args.nproc is not None and "WORLD_SIZE" not in os.environ:
         return _launch_torchrun(args, recipe)
     if args.print_events:   # the run built for real (data included) in a folder that is then removed
-        import tempfile
         with tempfile.TemporaryDirectory(prefix="hasten-events-") as tmp:
             recipe.trainer.run_dir, recipe.trainer.autoresume = str(Path(tmp) / "run"), False
             run = build_run(recipe, progress_bar=False if args.no_progress else None)
@@ -63,7 +73,7 @@ def _cmd_train(args) -> int:
     if not run.trainer.world.is_main:   # under torchrun rank 0 alone reports
         console = Console(file=open(os.devnull, "w"))
     params = run.built.info.get("params")
-    console.print(f"hasten {__import__('hasten').__version__}: recipe [bold]{recipe.name}[/] on {state.device} "
+    console.print(f"hasten {__version__}: recipe [bold]{recipe.name}[/] on {state.device} "
                   f"({state.precision}" + (", chosen by precision=auto" if state.runtime.asked_precision == "auto" else "")
                   + f"), {params:,} parameters, max_duration {state.max_duration}"
                   + (f", resuming at batch {state.timestamp.batch} from {state.resumed_from['path']}"
@@ -98,10 +108,7 @@ def _launch_torchrun(args, recipe) -> int:
     """`hasten train --nproc N ...`: the same command under torchrun on this machine (a thin
     convenience; on several machines call torchrun yourself, see docs/distributed.md). What can
     be refused is refused here, once, before any process starts."""
-    import subprocess
 
-    from .build import build_algorithms
-    from .core.algorithm import parallel_refusal_message
     if args.nproc < 1:
         raise ConfigError(f"--nproc {args.nproc}: give at least 1 process")
     mode = "fsdp" if recipe.trainer.parallelism == "fsdp" else "ddp"
@@ -119,8 +126,6 @@ def _check_bench_input(args, specs: list) -> None:
     """Everything `hasten bench` can check before its first run: the target, the counts,
     the evaluation cadence, and every recipe with its overrides (loaded and validated here,
     algorithms' arguments included)."""
-    from .bench.target import Target
-    from .config import check_time, load_recipe
     Target.parse(args.target)
     if args.seeds < 1:
         raise ConfigError(f"--seeds {args.seeds}: give at least 1 run per recipe")
@@ -138,15 +143,8 @@ def _check_bench_input(args, specs: list) -> None:
 
 
 def _cmd_bench(args) -> int:
-    import shlex
-    import signal
-    from pathlib import Path
 
-    from rich.console import Console
 
-    from .bench.report import write_report
-    from .bench.runner import BenchInterrupted, Spec, run_comparison, unique_labels
-    from .bench.target import Target
 
     console = Console(stderr=True, highlight=False, soft_wrap=True)
     specs_text = [a for a in args.items if "=" not in a.split("+", 1)[0]]
@@ -158,14 +156,13 @@ def _cmd_bench(args) -> int:
     seeds = [args.seed0 + i for i in range(args.seeds)]
     command = "hasten bench " + " ".join(shlex.quote(a) for a in args.argv)
     if args.ladder:
-        from .bench.ladder import ladder_specs
         steps = ladder_specs(specs_text[0], args.ladder, args.order.split(",") if args.order else None, shared, last)
         steps = [(name, _at_world_sizes([spec], args.nproc[:1])[0]) for name, spec in steps]
         specs = [s for _, s in steps]
     else:
         specs = _at_world_sizes(unique_labels([Spec.parse(t, shared, last) for t in specs_text]), args.nproc)
     _check_bench_input(args, specs)
-    target = Target.parse(args.target)
+    target = Target.parse(args.target).for_task(TASKS[load_recipe(specs[0].recipe, specs[0].overrides).task].quality)
     got = {}
 
     def on_signal(signum, frame):   # SIGTERM stops the bench as Ctrl-C does
@@ -193,8 +190,6 @@ def _cmd_bench(args) -> int:
     finally:
         for sig, handler in old.items():
             signal.signal(sig, handler)
-    from .bench.runner import outcome
-    from .bench.report import latest_per_run
     failed = [r for r in latest_per_run(runs) if outcome(r) == "failed"]
     if failed:
         console.print(f"[red]{len(failed)} run(s) failed[/] (listed in the report); rerun the same command to retry them")
@@ -203,8 +198,6 @@ def _cmd_bench(args) -> int:
 
 
 def _cmd_compress(args) -> int:
-    from .compress.pipeline import compress_run
-    from .errors import ConfigError as _CE
     try:
         result = compress_run(args.source, prune=args.prune, scope=args.scope, structured_ratio=args.structured,
                               quant=args.quantize, finetune_for=args.finetune, lr_factor=args.finetune_lr,
@@ -213,14 +206,13 @@ def _cmd_compress(args) -> int:
     except ValueError as e:   # a bad sparsity or mode from the functional layer: a user mistake
         if isinstance(e, HastenError):
             raise
-        raise _CE(str(e)) from None
+        raise ConfigError(str(e)) from None
     print(open(result.report_path).read())
     print(f"artifact: {result.artifact}\nreport: {result.report_path} (and {result.report_path.with_suffix('.json').name})")
     return 0
 
 
 def _cmd_eval(args) -> int:
-    from .compress.pipeline import evaluate_artifact
     metrics = evaluate_artifact(args.artifact, args.overrides)
     print("  ".join(f"{k}={v:.4f}" for k, v in metrics.items()))
     return 0
@@ -251,19 +243,13 @@ def _nproc_list(text: str) -> list[int]:
 def _at_world_sizes(specs: list, counts: list[int]) -> list:
     """Every spec at every world size of --nproc (in the order given); labels name the size
     when there are several ('RECIPE x2proc'), so a run at 2 processes is compared with 1."""
-    from dataclasses import replace
     if len(counts) == 1:
         return [replace(s, nproc=counts[0]) for s in specs]
     return [replace(s, label=f"{s.label} x{n}proc", nproc=n) for s in specs for n in counts]
 
 
 def _bench_ladder(args, steps, specs_text, target, seeds, command, console):
-    import json
-    from pathlib import Path
 
-    from .bench.ladder import ladder_markdown, ladder_plot
-    from .bench.report import resolve_target
-    from .bench.runner import Spec, run_comparison
     ends = [Path(Spec.parse(t).recipe).stem for t in (specs_text[0], args.ladder)]
     out_dir = Path(args.out) / (args.name or f"ladder-{ends[0]}-to-{ends[1]}")
     console.print(f"ladder: {len(steps)} rows ({', '.join(n for n, _ in steps)}), {len(seeds)} seed(s) each, "
@@ -281,7 +267,6 @@ def _bench_ladder(args, steps, specs_text, target, seeds, command, console):
 
 
 def make_parser() -> argparse.ArgumentParser:
-    from . import __version__
     p = argparse.ArgumentParser(prog="hasten", description="Fast PyTorch training with measured speedups.")
     p.add_argument("--version", action="version", version=f"hasten {__version__}")
     p.add_argument("--debug", action="store_true", help="show the full traceback of an error "
@@ -307,8 +292,9 @@ def make_parser() -> argparse.ArgumentParser:
                        "RECIPE may carry overrides joined with '+': name+optimizer.lr=2e-3. Items with '=' "
                        "are overrides for every recipe. Rerunning continues a stopped comparison.")
     b.add_argument("items", nargs="+", metavar="RECIPE|KEY=VALUE")
-    b.add_argument("--target", required=True, help="e.g. 'val/acc>=0.908', 'val/loss<=1.9', or 'val/loss<=@first-worst' "
-                   "(the first recipe's worst final value; '@first': its mean)")
+    b.add_argument("--target", default="@first-worst", help="e.g. 'val/acc>=0.908', 'val/loss<=1.9', or "
+                   "'val/loss<=@first-worst' (the first recipe's worst final value; '@first': its mean); default "
+                   "@first-worst on the task's own metric (accuracy up, loss down)")
     b.add_argument("--seeds", type=int, default=3, help="runs per recipe (default 3)")
     b.add_argument("--seed0", type=int, default=0, help="first seed (default 0)")
     b.add_argument("--eval-every", help="the same evaluation cadence for every recipe, e.g. 25000sp or 16000tok")
@@ -384,7 +370,6 @@ def main(argv: list[str] | None = None) -> int:
         args.recipe = args.recipe or DEFAULT_RECIPE
     debug = args.debug or os.environ.get("HASTEN_DEBUG", "") not in ("", "0")
     code = _run(args, debug)
-    from .runtime import leave_worker
     leave_worker(code)   # a torchrun worker exits here, its work done (see leave_worker)
     return code
 

@@ -17,30 +17,20 @@ from typing import Any, Literal, Optional
 
 import yaml
 
-from .algorithms import REGISTRY
 from .core.time import Time
+from .distributed.fsdp import FSDPOptions
 from .errors import ConfigError
+from .registry import ALGORITHMS, TASKS
 # the schema helpers live in a leaf module (tasks import them without importing this one);
 # check_time, coerce and from_dict are re-exported here for existing users
-from .schema import (_NUMBER, _suggest, check_time, coerce, device_string, fractions_below_one,  # noqa: F401
-                     from_dict, setting, signature_config)
-from .tasks import TASKS   # the registry of tasks: their model and data configs and builders
+from .schema import (NUMBER, DataSection, ModelSection, check_time, coerce, device_string,  # noqa: F401
+                     fractions_below_one, from_dict, reference_table, setting, signature_config, suggest)
 
 RECIPE_SCHEMA_VERSION = 2   # recipe.yaml files in run folders record it; raised when keys are renamed (2: nested optimizer keys)
 
 
 # ------------------------------------------------------------------------------ sections
-@dataclass
-class FSDPSettings:
-    """`trainer.fsdp`: sharded training (trainer.parallelism=fsdp, FSDP2; docs/distributed.md)."""
-    reshard_after_forward: bool = True
-    """true: free each block's gathered parameters after its forward (ZeRO-3, least memory); false: keep them for the backward (ZeRO-2 style)."""
-    activation_checkpointing: bool = False
-    """Recompute each block's activations in the backward instead of keeping them."""
-    blocks: list[str] = field(default_factory=list)
-    """Modules sharded as units: name patterns (blocks.*) or class names (Block); default: the model's fsdp_blocks()."""
-    checkpoint: Literal["sharded", "whole"] = "sharded"
-    """sharded: each rank writes its shards (a .dcp folder, torch.distributed.checkpoint); whole: gathered into one file by rank 0."""
+FSDPSettings = FSDPOptions   # the `trainer.fsdp` section is hasten.distributed.FSDPOptions (its 0.1 name)
 
 
 @dataclass
@@ -84,7 +74,7 @@ class TrainerConfig:
     """torch.set_num_threads; default: leave as it is."""
     parallelism: Literal["auto", "none", "ddp", "fsdp"] = "auto"
     """How processes launched by torchrun train together: ddp (data-parallel), fsdp (data-parallel, model sharded), none, or auto (ddp with more than one process)."""
-    fsdp: FSDPSettings = field(default_factory=FSDPSettings)
+    fsdp: FSDPOptions = field(default_factory=FSDPOptions)
     """Sharded training's settings (trainer.fsdp.*), read under parallelism=fsdp."""
     sync_batchnorm: bool = False
     """Under ddp: batch norm over the whole global batch (torch SyncBatchNorm, CUDA only); off: each rank's share (ghost batch norm)."""
@@ -231,15 +221,19 @@ class ScheduleConfig:
 
 @dataclass
 class Recipe:
-    """A whole recipe: the sections above, the task's model and data sections, and the algorithms."""
+    """A whole recipe, validated: the common sections, the task's own `model` and `data`
+    sections (its TaskSpec's config classes), and the algorithms with their checked arguments."""
     task: str
+    model: ModelSection
+    """The task's model section (TaskSpec.model_config)."""
+    data: DataSection
+    """The task's data section (TaskSpec.data_config)."""
     description: str = ""
-    model: dict = field(default_factory=dict)
-    data: dict = field(default_factory=dict)
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
     schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
-    algorithms: dict = field(default_factory=dict)
+    algorithms: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Registry name -> the algorithm's keyword arguments, checked against its signature."""
     name: str = "recipe"
 
 
@@ -254,7 +248,7 @@ def parse_override(text: str) -> tuple[list[str], Any]:
         value = yaml.safe_load(raw) if raw != "" else ""
     except yaml.YAMLError:
         value = raw
-    if isinstance(value, str) and _NUMBER.match(value):
+    if isinstance(value, str) and NUMBER.match(value):
         value = float(value)
     return key.split("."), value
 
@@ -309,7 +303,7 @@ def _read_raw(name_or_path: str, seen: tuple = ()) -> tuple[dict, str]:
         if not entry.is_file():
             names = list(available_recipes())
             raise ConfigError(f"no recipe named {name_or_path!r} (and no such YAML file); packaged recipes: {names}."
-                              + _suggest(name_or_path, names))
+                              + suggest(name_or_path, names))
         text, name = entry.read_text(), name_or_path
     try:
         raw = yaml.safe_load(text) or {}
@@ -364,14 +358,29 @@ def load_recipe(name_or_path: str, overrides: list[str] = ()) -> Recipe:
     return validate(raw)
 
 
-def validate(raw: dict) -> Recipe:
+RECIPE_KEYS = ("task", "description", "model", "data", "optimizer", "schedule", "trainer", "algorithms", "name")
+
+
+def validate(raw: dict, tasks: dict | None = None, algorithms: dict | None = None) -> Recipe:
+    """A Recipe from a raw mapping, every key and value checked. `tasks` and `algorithms` are
+    the registries names are looked up in (default: hasten.registry's, filled by declaration)."""
+    tasks = TASKS if tasks is None else tasks
+    algorithms = ALGORITHMS if algorithms is None else algorithms
     where = raw.get("name", "recipe")
-    if isinstance(raw.get("optimizer"), dict):
-        raw = {**raw, "optimizer": nest_optimizer_keys(raw["optimizer"], where)}
-    recipe = from_dict(Recipe, raw)
-    opt = recipe.optimizer
+    for key in raw:
+        if key not in RECIPE_KEYS:
+            raise ConfigError(f"unknown key {key!r}; allowed keys here: {list(RECIPE_KEYS)}.{suggest(str(key), RECIPE_KEYS)}")
+    if "task" not in raw:
+        raise ConfigError(f"recipe {where}: missing required key 'task'; choose one of {sorted(tasks)}")
+    task_name = coerce(raw["task"], str, "task")
+    if task_name not in tasks:
+        raise ConfigError(f"task: {task_name!r} is not a known task; choose one of {sorted(tasks)}."
+                          + suggest(task_name, tasks))
+    spec = tasks[task_name]
+    opt_raw = nest_optimizer_keys(raw["optimizer"], where) if isinstance(raw.get("optimizer"), dict) else raw.get("optimizer")
+    opt = from_dict(OptimizerConfig, opt_raw, "optimizer")
     for family in OPTIMIZER_FAMILIES:
-        given = (raw.get("optimizer") or {}).get(family)
+        given = (opt_raw or {}).get(family)
         if given and not opt.uses(family):
             users = {"sgd": "name sgd or sgdw, or muon with muon.others=sgd",
                      "adam": "name adam or adamw, or muon with muon.others=adamw", "muon": "name muon"}[family]
@@ -381,43 +390,40 @@ def validate(raw: dict) -> Recipe:
                               "as an override) or change optimizer.name")
     if opt.sgd.per_example and opt.name != "sgdw":
         raise ConfigError(f"optimizer.sgd.per_example applies to sgdw only, not {opt.name!r}")
-    if recipe.task not in TASKS:
-        raise ConfigError(f"task: {recipe.task!r} is not a known task; choose one of {sorted(TASKS)}."
-                          + _suggest(recipe.task, TASKS))
-    task = TASKS[recipe.task]
-    recipe.model = task.parse_model(recipe.model)
-    recipe.data = from_dict(task.data_config, recipe.data, "data")
-    if Time.parse(recipe.trainer.max_duration).unit.value == "dur":
-        raise ConfigError(f"trainer.max_duration: {recipe.trainer.max_duration!r} is a fraction of the run; "
+    trainer = from_dict(TrainerConfig, raw.get("trainer"), "trainer")
+    if Time.parse(trainer.max_duration).unit.value == "dur":
+        raise ConfigError(f"trainer.max_duration: {trainer.max_duration!r} is a fraction of the run; "
                           "give ep, ba, sp, tok or s/m/h")
     algos = {}
-    for algo_name, params in (recipe.algorithms or {}).items():
-        if algo_name not in REGISTRY:
-            raise ConfigError(f"algorithms.{algo_name}: unknown algorithm; known: {sorted(REGISTRY)}."
-                              + _suggest(algo_name, REGISTRY))
-        algos[algo_name] = signature_config(REGISTRY[algo_name].__init__, params or {}, f"algorithms.{algo_name}")
-        make_algorithm(algo_name, algos[algo_name])   # the values too: building one is cheap and checks them
-    recipe.algorithms = algos
-    return recipe
+    algo_raw = coerce(raw.get("algorithms"), dict, "algorithms")
+    for algo_name, params in algo_raw.items():
+        if algo_name not in algorithms:
+            raise ConfigError(f"algorithms.{algo_name}: unknown algorithm; known: {sorted(algorithms)}."
+                              + suggest(algo_name, algorithms))
+        algos[algo_name] = signature_config(algorithms[algo_name].__init__, params or {}, f"algorithms.{algo_name}")
+        make_algorithm(algo_name, algos[algo_name], algorithms)   # the values too: building one is cheap and checks them
+    return Recipe(task=task_name, model=spec.parse_model(raw.get("model") or {}),
+                  data=from_dict(spec.data_config, raw.get("data"), "data"),
+                  description=coerce(raw.get("description", ""), str, "description"), optimizer=opt,
+                  schedule=from_dict(ScheduleConfig, raw.get("schedule"), "schedule"), trainer=trainer,
+                  algorithms=algos, name=coerce(raw.get("name", "recipe"), str, "name"))
 
 
 def reference() -> str:
     """docs/configuration-reference.md, generated from the config classes and the docstring
     under each field: `python -m hasten.config > docs/configuration-reference.md`."""
-    from .schema import reference_table
     parts = ["# Configuration reference", "",
              "Generated from the config classes (`python -m hasten.config > docs/configuration-reference.md`); "
              "a test checks that it is current. Ranges are checked when a recipe is loaded. "
              "See [configuration.md](configuration.md) for recipes and overrides.", ""]
-    sections = [("trainer", TrainerConfig), ("trainer.fsdp", FSDPSettings), ("optimizer", OptimizerConfig), ("optimizer.sgd", SGDSettings),
+    sections = [("trainer", TrainerConfig), ("trainer.fsdp", FSDPOptions), ("optimizer", OptimizerConfig), ("optimizer.sgd", SGDSettings),
                 ("optimizer.adam", AdamSettings), ("optimizer.muon", MuonSettings), ("schedule", ScheduleConfig)]
     for name, cls in sections:
         parts += [f"## {name}", "", (cls.__doc__ or "").strip(), "", reference_table(cls, name), ""]
-    from .tasks import SPECS, NamedModel
-    for task in sorted(SPECS, key=lambda t: t.name):
+    for task in sorted(dict.fromkeys(TASKS.values()), key=lambda t: t.name):
         aliases = sorted((task.name, *task.aliases))
         parts += [f"## data (task: {' or '.join(aliases)})", "", reference_table(task.data_config, "data"), ""]
-        if task.model_config is not NamedModel:
+        if not hasattr(task.model_config, "as_recipe"):   # a config of its own, not a model picked by name
             parts += [f"## model (task: {' or '.join(aliases)})", "", reference_table(task.model_config, "model"), ""]
         else:
             parts += [f"## model (task: {' or '.join(aliases)})", "",
@@ -429,10 +435,10 @@ def reference() -> str:
     return "\n".join(parts)
 
 
-def make_algorithm(name: str, params: dict):
+def make_algorithm(name: str, params: dict, algorithms: dict | None = None):
     """Build the algorithm registered as `name`; a bad argument is a ConfigError naming it."""
     try:
-        return REGISTRY[name](**params)
+        return (ALGORITHMS if algorithms is None else algorithms)[name](**params)
     except (TypeError, ValueError) as e:
         raise ConfigError(f"algorithms.{name}: {e}") from e
 

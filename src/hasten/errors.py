@@ -32,3 +32,9 @@ class RunFolderError(HastenError, RuntimeError):
 class TrainingError(HastenError, RuntimeError):
     """A fault found while training that the user's code or data caused (e.g. a loss
     function that cannot take the model's outputs)."""
+
+
+def first_line(e: BaseException) -> str:
+    """The first non-empty line of an exception's message, without its final full stop: what
+    hasten quotes from another library's error inside its own one-line message."""
+    return next((ln.strip() for ln in str(e).splitlines() if ln.strip()), "").rstrip(".")

@@ -29,57 +29,19 @@ when launched with more than one process). See docs/distributed.md.
 from __future__ import annotations
 
 import contextlib
-import datetime
-import os
 from dataclasses import dataclass, field
 
 import torch
 
 from .allocator import MODES as ALLOCATOR_MODES
 from .allocator import AllocatorReport, configure_host_allocator
-from .utils import resolve_device, resolve_precision, seed_everything
+from .distributed.world import PARALLELISMS, World, join_world, launched_world, leave_worker  # noqa: F401 (re-exported)
+from .hardware import cpu_has_bf16
+from .seeding import seed_everything
 
-PARALLELISMS = ("auto", "none", "ddp", "fsdp")
 PRECISIONS = ("fp32", "bf16-mixed", "fp16-mixed", "auto")   # auto: the fastest the hardware runs natively
 _AUTOCAST_DTYPES = {"bf16-mixed": torch.bfloat16, "fp16-mixed": torch.float16}
 _NO_AUTOCAST = contextlib.nullcontext()   # reusable: fp32 steps enter no real context
-
-
-@dataclass(frozen=True)
-class World:
-    """The processes of a run: this one's rank, its rank on its machine, how many there are,
-    and how they train together ('none': one process; 'ddp': data-parallel, every rank holding
-    the whole model; 'fsdp': data-parallel with parameters, gradients and optimizer state
-    sharded across the ranks)."""
-    rank: int = 0
-    local_rank: int = 0
-    size: int = 1
-    parallelism: str = "none"
-    owns_group: bool = False   # make_runtime joined the process group (close() leaves it)
-
-    @property
-    def is_main(self) -> bool:
-        """Rank 0: the one process that writes logs, progress, metrics and checkpoints."""
-        return self.rank == 0
-
-    @property
-    def data_parallel(self) -> bool:
-        """Each rank trains on its share of every global batch (ddp and fsdp alike)."""
-        return self.parallelism in ("ddp", "fsdp")
-
-    @property
-    def sharded(self) -> bool:
-        """The model is sharded across the ranks (fsdp): saving and loading it are collectives."""
-        return self.parallelism == "fsdp"
-
-
-def launched_world() -> tuple[int, int, int]:
-    """(rank, local rank, world size) as torchrun set them; (0, 0, 1) otherwise."""
-    try:
-        return (int(os.environ.get("RANK", 0)), int(os.environ.get("LOCAL_RANK", 0)),
-                int(os.environ.get("WORLD_SIZE", 1)))
-    except ValueError as e:
-        raise ValueError(f"RANK, LOCAL_RANK and WORLD_SIZE must be whole numbers (as torchrun sets them): {e}") from e
 
 
 @dataclass(frozen=True)
@@ -127,16 +89,16 @@ class Runtime:
                 f"{self.threads} threads, host allocator {self.host_allocator}{world}")
 
     def close(self) -> None:
-        """Leave the process group if make_runtime joined it, after every rank is done with its
-        collectives (a rank that tears the group down while another still finishes its last
-        one can make gloo abort that process)."""
-        import torch.distributed as dist
-        if self.world.owns_group and dist.is_available() and dist.is_initialized():
-            try:
-                dist.barrier()
-            except RuntimeError:
-                pass   # a lost rank: leave anyway
-            dist.destroy_process_group()
+        """Leave the process group if make_runtime joined it (hasten.distributed.World.leave)."""
+        self.world.leave()
+
+    @classmethod
+    def of(cls, device: "str | torch.device" = "cpu", precision: str = "fp32", seed: int = 0) -> "Runtime":
+        """A runtime that only describes (nothing is applied: no seeding, threads or allocator
+        settings): for a State built by hand, e.g. in a test of an algorithm."""
+        dev = resolve_device(device)
+        return cls(device=dev, precision=resolve_precision(precision, dev), seed=seed,
+                   threads=torch.get_num_threads(), host_allocator="default", asked_precision=precision)
 
 
 def make_runtime(device: "str | torch.device" = "auto", precision: str = "fp32", seed: int = 0,
@@ -170,7 +132,7 @@ def make_runtime(device: "str | torch.device" = "auto", precision: str = "fp32",
             raise ValueError(f"threads must be a whole number >= 1, got {threads!r}")
         torch.set_num_threads(threads)
     dev = resolve_device(device)
-    world = _join_world(parallelism, dev, timeout_s)
+    world = join_world(parallelism, dev, timeout_s)
     if world.size > 1 and dev.type == "cuda":
         dev = torch.device("cuda", world.local_rank)
     report = configure_host_allocator(host_allocator, dev.type)
@@ -180,55 +142,31 @@ def make_runtime(device: "str | torch.device" = "auto", precision: str = "fp32",
                    asked_precision=precision, world=world)
 
 
-def _join_world(parallelism: str, device: torch.device, timeout_s: float) -> World:
-    rank, local_rank, size = launched_world()
-    if parallelism == "auto":
-        parallelism = "ddp" if size > 1 else "none"
-    if parallelism == "none":
-        if size > 1:
-            raise ValueError(f"launched with {size} processes but parallelism=none: every process would train "
-                             "alone on the same data; use parallelism=ddp (or auto), or launch one process")
-        return World()
-    import torch.distributed as dist
-    if not dist.is_available():
-        raise ValueError(f"parallelism={parallelism} needs torch.distributed, which this build of torch lacks")
+def resolve_device(device: "str | torch.device") -> torch.device:
+    """'auto' becomes CUDA, then MPS, then the CPU, whichever is there first."""
+    if isinstance(device, torch.device):
+        return device
+    if device == "auto":
+        if torch.cuda.is_available():
+            return torch.device("cuda")
+        if getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
+            return torch.device("mps")
+        return torch.device("cpu")
+    try:
+        return torch.device(device)
+    except RuntimeError as e:
+        raise ValueError(f"unknown device {device!r}: use 'auto', 'cpu', 'cuda', 'cuda:N' or 'mps'") from e
+
+
+def resolve_precision(precision: str, device: torch.device, flags: frozenset | None = None) -> str:
+    """'auto' becomes the fastest precision the device runs natively: bf16-mixed on CUDA GPUs
+    with bf16 (fp16-mixed on older ones) and on CPUs with AVX512-BF16 or AMX, fp32 elsewhere.
+    Without bf16 hardware a CPU emulates bf16 and runs convolutions several times slower
+    than in fp32. Other values pass through."""
+    if precision != "auto":
+        return precision
     if device.type == "cuda":
-        torch.cuda.set_device(local_rank)
-    owns = False
-    if not dist.is_initialized():
-        if size > 1 and "MASTER_ADDR" not in os.environ:
-            raise ValueError("WORLD_SIZE is set but MASTER_ADDR is not: launch with torchrun "
-                             "(torchrun --nproc-per-node N -m hasten.cli train ...)")
-        if size == 1:   # ddp or fsdp in one process (to measure its overhead): a local group of one
-            os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-            os.environ.setdefault("MASTER_PORT", str(_free_port()))
-        dist.init_process_group("nccl" if device.type == "cuda" else "gloo", rank=rank, world_size=size,
-                                timeout=datetime.timedelta(seconds=timeout_s))
-        owns = True
-    return World(rank=dist.get_rank(), local_rank=local_rank, size=dist.get_world_size(), parallelism=parallelism,
-                 owns_group=owns)
-
-
-def leave_worker(code: int) -> None:
-    """End a process that torchrun started (WORLD_SIZE > 1) once its work is done and its
-    process group is closed: flush its output and exit at once, skipping the interpreter's
-    finalisation. There, gloo work objects still held by modules (FSDP keeps some) are torn
-    down with the interpreter half gone, which can abort the process ('terminate called
-    without an active exception') after a successful run, so torchrun would report a failure.
-    Elsewhere (one process, tests calling `main`) it returns and nothing changes."""
-    import sys
-    if launched_world()[2] <= 1:
-        return
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except (OSError, ValueError):
-            pass
-    os._exit(code)
-
-
-def _free_port() -> int:
-    import socket
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        return "bf16-mixed" if torch.cuda.is_bf16_supported() else "fp16-mixed"
+    if device.type == "cpu" and cpu_has_bf16(flags):
+        return "bf16-mixed"
+    return "fp32"

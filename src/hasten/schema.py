@@ -16,16 +16,17 @@ import inspect
 import re
 import types
 import typing
-from typing import Any, Callable, Literal, Union
+from typing import Any, Callable, Literal, Protocol, Union
 
 from .core.time import Time
 from .errors import ConfigError
 
 _MISSING = dataclasses.MISSING
-_NUMBER = re.compile(r"^[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)$")
+NUMBER = re.compile(r"^[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)$")
 
 
-def _suggest(key: str, allowed) -> str:
+def suggest(key: str, allowed) -> str:
+    """' Did you mean X?' for the allowed value closest to `key`, or '' when none is close."""
     close = difflib.get_close_matches(key, list(allowed), n=1, cutoff=0.5)
     return f" Did you mean {close[0]!r}?" if close else ""
 
@@ -95,6 +96,17 @@ def fractions_below_one(value) -> str | None:
     return None
 
 
+class DataSection(Protocol):
+    """What every task's `data` section has: the global batch of one optimizer step."""
+    batch_size: int
+
+
+class ModelSection(Protocol):
+    """What every task's `model` section has: the model's name (its YAML form may differ from
+    its fields: `as_recipe()` where it does)."""
+    name: str
+
+
 # ------------------------------------------------------------------------------ coercion
 def _type_name(tp) -> str:
     origin = typing.get_origin(tp)
@@ -104,6 +116,8 @@ def _type_name(tp) -> str:
         return " or ".join(_type_name(a) for a in typing.get_args(tp))
     if tp is type(None):
         return "null"
+    if origin in (list, tuple):
+        return "list"   # a YAML list either way
     return getattr(tp, "__name__", str(tp))
 
 
@@ -116,7 +130,7 @@ def coerce(value: Any, tp, path: str):
         allowed = typing.get_args(tp)
         if value not in allowed:
             raise ConfigError(f"{path}: {value!r} is not allowed; choose one of {list(allowed)}."
-                              + (_suggest(str(value), [str(a) for a in allowed]) if isinstance(value, str) else ""))
+                              + (suggest(str(value), [str(a) for a in allowed]) if isinstance(value, str) else ""))
         return value
     if origin in (Union, types.UnionType):
         args = typing.get_args(tp)
@@ -135,7 +149,8 @@ def coerce(value: Any, tp, path: str):
         if not isinstance(value, (list, tuple)):
             raise ConfigError(f"{path}: expected a list, got {value!r}")
         (inner, *_) = typing.get_args(tp) or (Any,)
-        return [coerce(v, inner, f"{path}[{i}]") for i, v in enumerate(value)]
+        items = [coerce(v, inner, f"{path}[{i}]") for i, v in enumerate(value)]
+        return tuple(items) if origin is tuple else items
     if origin is dict or tp is dict:
         if value is None:
             return {}
@@ -153,7 +168,7 @@ def coerce(value: Any, tp, path: str):
             raise ConfigError(f"{path}: expected a whole number, got {value!r}")
         return int(value)
     if tp is float:
-        if isinstance(value, str) and _NUMBER.match(value):   # YAML 1.1 reads 1e-3 as a string
+        if isinstance(value, str) and NUMBER.match(value):   # YAML 1.1 reads 1e-3 as a string
             return float(value)
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ConfigError(f"{path}: expected a number, got {value!r}")
@@ -181,7 +196,7 @@ def from_dict(cls, data: dict | None, path: str = ""):
     for key, value in data.items():
         where = f"{path}.{key}" if path else str(key)
         if key not in names:
-            raise ConfigError(f"unknown key {where!r}; allowed keys here: {names}.{_suggest(str(key), names)}")
+            raise ConfigError(f"unknown key {where!r}; allowed keys here: {names}.{suggest(str(key), names)}")
         kwargs[key] = coerce(value, hints[key], where)
         check_setting(fields[key], kwargs[key], where)
     missing = [f.name for f in dataclasses.fields(cls)
@@ -206,7 +221,7 @@ def signature_config(fn, params: dict, path: str) -> dict:
     for key, value in (params or {}).items():
         where = f"{path}.{key}"
         if key not in allowed:
-            raise ConfigError(f"unknown key {where!r}; allowed keys here: {allowed}.{_suggest(str(key), allowed)}")
+            raise ConfigError(f"unknown key {where!r}; allowed keys here: {allowed}.{suggest(str(key), allowed)}")
         out[key] = coerce(value, hints.get(key, Any), where)
     return out
 

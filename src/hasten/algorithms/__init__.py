@@ -1,54 +1,32 @@
-"""Speedup methods: each module holds a functional form and its Algorithm.
+"""Speedup methods: each module holds a method's functional form and its Algorithm.
 
-REGISTRY maps the names used in recipes to Algorithm classes.
+Adding a method is adding its module: every module of this package is imported here, each
+Algorithm registers itself under its recipe name with `@register_algorithm("name")` (the
+module's own name), and each module's `__all__` lists what it exports; `REGISTRY` (recipe
+name -> class) and `hasten.functional` (every functional form) are derived from them.
 """
-from .activation_swap import ActivationSwap, swap_activations
-from .batch_size_warmup import BatchSizeWarmup, take_batch
-from .blurpool import BlurPool, apply_blurpool, blur2d
-from .cutmix import CutMix, cutmix_batch, cutmix_box
-from .cutout import CutOut
-from .dirac_init import DiracInit, dirac_init_
-from .frozen_bn import FrozenBNScale, freeze_bn_scale
-from .ghost_batchnorm import GhostBatchNorm, GhostBatchNormAlgorithm, apply_ghost_batchnorm, ghost_batch_norm
-from .grad_clipping import GradientClipping, adaptive_clip_grad_
-from .layer_freezing import LayerFreezing, freeze_first
-from .lookahead import Lookahead, lookahead_sync
-from .low_precision_layernorm import LowPrecisionLayerNorm, LPLayerNorm, low_precision_layer_norm
-from .mixup import MixUp, mixed_loss, mixup_batch
-from .pool_reorder import PoolReorder, reorder_pools
-from .progressive_resizing import ProgressiveResizing, resize_batch, resize_scale
-from .sam import SAM, sam_perturb, sam_restore
-from .stochastic_depth import StochasticDepth, drop_path
-from .swa import SWA
-from .chunked_ce import ChunkedCrossEntropy, chunked_cross_entropy
-from .channels_last import ChannelsLast, apply_channels_last
-from .delay import Delay
-from .ema import EMA, ema_update, ema_weight
-from .infobatch import InfoBatch, InfoBatchPruner, infobatch_plan
-from .label_smoothing import LabelSmoothing, smoothed_cross_entropy, smooth_labels
-from .patch_whitening import PatchWhitening, fit_patch_whitening
-from .proxy_selection import ProxySelection, proxy_select
-from .selective_backprop import SelectiveBackprop, select_hardest
-from .seq_len_warmup import SeqLenWarmup, reshape_sequences
-from .tta import TTA, tta_logits
-from ..compress.gradual import GradualPruning, cubic_sparsity, magnitude_masks
+import importlib as _importlib
+import pkgutil as _pkgutil
 
-REGISTRY = {"ema": EMA, "delay": Delay, "seq_len_warmup": SeqLenWarmup, "batch_size_warmup": BatchSizeWarmup,
-            "channels_last": ChannelsLast, "label_smoothing": LabelSmoothing, "patch_whitening": PatchWhitening,
-            "tta": TTA, "infobatch": InfoBatch, "selective_backprop": SelectiveBackprop,
-            "proxy_selection": ProxySelection, "activation_swap": ActivationSwap, "cutmix": CutMix,
-            "cutout": CutOut, "dirac_init": DiracInit, "frozen_bn_scale": FrozenBNScale,
-            "ghost_batchnorm": GhostBatchNormAlgorithm, "gradient_clipping": GradientClipping,
-            "lookahead": Lookahead, "mixup": MixUp, "pool_reorder": PoolReorder,
-            "progressive_resizing": ProgressiveResizing, "sam": SAM, "swa": SWA, "blurpool": BlurPool,
-            "stochastic_depth": StochasticDepth, "layer_freezing": LayerFreezing,
-            "chunked_cross_entropy": ChunkedCrossEntropy, "low_precision_layernorm": LowPrecisionLayerNorm,
-            "gradual_pruning": GradualPruning}
+from ..core import Algorithm as _Algorithm
+from ..registry import ALGORITHMS as REGISTRY
 
+# old module names kept for code written against hasten 0.1 (each re-exports its new module)
+MOVED = {"grad_clipping": "gradient_clipping", "frozen_bn": "frozen_bn_scale", "chunked_ce": "chunked_cross_entropy"}
 # test instruments, not methods: no card, no functional form, no measured effect
 INSTRUMENTS = frozenset({"delay"})
 
-import types as _types
+MODULES = tuple(_importlib.import_module(f"{__name__}.{m.name}") for m in sorted(_pkgutil.iter_modules(__path__))
+                if m.name not in MOVED and not m.name.startswith("_"))
+for _module in MODULES:
+    globals().update({_name: getattr(_module, _name) for _name in _module.__all__})
 
-__all__ = sorted(n for n, v in list(globals().items())
-                 if not n.startswith("_") and not isinstance(v, _types.ModuleType) and n != "annotations")
+
+def functional_forms(module) -> dict:
+    """The functional forms a method module exports: everything in its `__all__` but its Algorithm(s)."""
+    return {n: getattr(module, n) for n in module.__all__
+            if not (isinstance(getattr(module, n), type) and issubclass(getattr(module, n), _Algorithm))}
+
+
+__all__ = sorted(["INSTRUMENTS", "MODULES", "MOVED", "REGISTRY", "functional_forms",
+                  *(n for m in MODULES for n in m.__all__)])

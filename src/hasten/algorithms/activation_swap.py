@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch.nn as nn
 
 from ..core import Algorithm
+from ..registry import register_algorithm
 
 ACTIVATIONS = {"relu": nn.ReLU, "gelu": nn.GELU, "celu": nn.CELU, "silu": nn.SiLU, "elu": nn.ELU,
                "leaky_relu": nn.LeakyReLU, "mish": nn.Mish, "hardswish": nn.Hardswish, "tanh": nn.Tanh}
@@ -33,6 +34,7 @@ def swap_activations(model: nn.Module, old: str, new: str, **kwargs) -> int:
     return count
 
 
+@register_algorithm("activation_swap")
 class ActivationSwap(Algorithm):
     def __init__(self, old: str = "relu", new: str = "gelu", kwargs: dict | None = None):
         _cls(old), _cls(new)
@@ -43,3 +45,6 @@ class ActivationSwap(Algorithm):
         if n == 0:
             raise ValueError(f"activation swap: the model has no {self.old} modules (functional calls such as "
                              "F.relu cannot be swapped)")
+
+
+__all__ = ["swap_activations", "ActivationSwap"]

@@ -12,7 +12,8 @@ from __future__ import annotations
 import torch
 
 from ..core import Algorithm, Time
-from ..utils import batch_size, share_range
+from ..data.batches import batch_size, share_range
+from ..registry import register_algorithm
 
 
 def take_batch(batch, n: int):
@@ -25,6 +26,7 @@ def take_batch(batch, n: int):
     return batch
 
 
+@register_algorithm("batch_size_warmup")
 class BatchSizeWarmup(Algorithm):
     def __init__(self, start_fraction: float = 0.25, duration: str = "0.2dur", multiple: int = 1):
         if not 0 < start_fraction <= 1:
@@ -47,3 +49,6 @@ class BatchSizeWarmup(Algorithm):
             state.batch, state.global_batch_size = take_batch(state.batch, stop - start), n
         else:
             state.batch = take_batch(state.batch, n)
+
+
+__all__ = ["take_batch", "BatchSizeWarmup"]

@@ -16,6 +16,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ..core import Algorithm
+from ..registry import register_algorithm
 
 _KERNEL = torch.tensor([1.0, 2.0, 1.0])
 
@@ -75,9 +76,13 @@ def apply_blurpool(model: nn.Module, convs: bool = True, maxpools: bool = True, 
     return count
 
 
+@register_algorithm("blurpool")
 class BlurPool(Algorithm):
     def __init__(self, convs: bool = True, maxpools: bool = True, min_channels: int = 16):
         self.convs, self.maxpools, self.min_channels = convs, maxpools, min_channels
 
     def init(self, state, logger):
         apply_blurpool(state.model, self.convs, self.maxpools, self.min_channels)
+
+
+__all__ = ["blur2d", "BlurPool2d", "BlurMaxPool2d", "BlurConv2d", "apply_blurpool", "BlurPool"]

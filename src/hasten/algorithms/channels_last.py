@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 
 from ..core import Algorithm
+from ..registry import register_algorithm
 
 
 def apply_channels_last(model: torch.nn.Module) -> torch.nn.Module:
@@ -22,6 +23,7 @@ def to_channels_last(x):
     return x
 
 
+@register_algorithm("channels_last")
 class ChannelsLast(Algorithm):
     def fsdp_refusal(self):
         return ("FSDP2 (torch 2.13) does not shard non-contiguous parameters, and channels-last conv kernels are "
@@ -36,3 +38,6 @@ class ChannelsLast(Algorithm):
             state.batch = type(b)([to_channels_last(b[0]), *b[1:]]) if isinstance(b, list) else (to_channels_last(b[0]), *b[1:])
         elif isinstance(b, torch.Tensor):
             state.batch = to_channels_last(b)
+
+
+__all__ = ["apply_channels_last", "ChannelsLast"]

@@ -13,6 +13,7 @@ import random
 
 import torch
 
+from ..registry import register_algorithm
 from .mixup import _MixAlgorithm
 
 
@@ -33,9 +34,13 @@ def cutmix_batch(x: torch.Tensor, perm: torch.Tensor, box) -> tuple[torch.Tensor
     return out, 1.0 - (b - t) * (r - l) / (h * w)
 
 
+@register_algorithm("cutmix")
 class CutMix(_MixAlgorithm):
     def __init__(self, alpha: float = 1.0, prob: float = 1.0):
         super().__init__(alpha, prob)
 
     def mix(self, x, y, lam, perm, rng):
         return cutmix_batch(x, perm, cutmix_box(x.shape[-2], x.shape[-1], lam, rng))
+
+
+__all__ = ["cutmix_box", "cutmix_batch", "CutMix"]

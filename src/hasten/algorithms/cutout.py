@@ -9,9 +9,11 @@ import torch
 
 from ..core import Algorithm
 from ..data.augment import cutout
-from ..utils import derive_seed
+from ..registry import register_algorithm
+from ..seeding import derive_seed
 
 
+@register_algorithm("cutout")
 class CutOut(Algorithm):
     def __init__(self, size: int = 8):
         if size < 1:
@@ -23,3 +25,6 @@ class CutOut(Algorithm):
         x = batch[0]
         g = torch.Generator(device=x.device).manual_seed(derive_seed(state.seed, state.timestamp.batch, 13))
         state.batch = (cutout(x, self.size, g), *batch[1:])
+
+
+__all__ = ["CutOut"]

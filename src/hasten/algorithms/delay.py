@@ -5,8 +5,10 @@ from __future__ import annotations
 import time
 
 from ..core import Algorithm
+from ..registry import register_algorithm
 
 
+@register_algorithm("delay")
 class Delay(Algorithm):
     def __init__(self, seconds: float = 0.01):
         if seconds < 0:
@@ -15,3 +17,6 @@ class Delay(Algorithm):
 
     def batch_start(self, state, logger):
         time.sleep(self.seconds)
+
+
+__all__ = ["Delay"]

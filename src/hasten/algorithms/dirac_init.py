@@ -17,6 +17,7 @@ import torch
 import torch.nn as nn
 
 from ..core import Algorithm
+from ..registry import register_algorithm
 
 
 @torch.no_grad()
@@ -31,6 +32,7 @@ def dirac_init_(conv: nn.Conv2d, gain: float = 1.0) -> nn.Conv2d:
     return conv
 
 
+@register_algorithm("dirac_init")
 class DiracInit(Algorithm):
     def __init__(self, gain: float = 1.0, include: tuple = ("*",)):
         self.gain, self.include = gain, tuple(include)
@@ -40,3 +42,6 @@ class DiracInit(Algorithm):
             if (isinstance(m, nn.Conv2d) and m.groups == 1 and m.kernel_size[0] % 2 and m.kernel_size[1] % 2
                     and m.stride == (1, 1) and any(fnmatch.fnmatch(name, p) for p in self.include)):
                 dirac_init_(m, self.gain)
+
+
+__all__ = ["dirac_init_", "DiracInit"]

@@ -25,7 +25,8 @@ import warnings
 import torch
 
 from ..core import Algorithm, Time
-from ..utils import local_tensors, sharded_like
+from ..distributed.tensors import local_tensors, sharded_like
+from ..registry import register_algorithm
 
 
 @torch.no_grad()
@@ -44,6 +45,7 @@ def _tensors(model: torch.nn.Module) -> list[torch.Tensor]:
     return [p for p in model.parameters()] + [b for b in model.buffers() if b.is_floating_point()]
 
 
+@register_algorithm("ema")
 class EMA(Algorithm):
     def __init__(self, decay: float | None = None, half_life: str | None = None, update_every: int = 1,
                  start: str = "0ba", final_swap: bool = True, bias_correction: bool = True):
@@ -126,3 +128,6 @@ class EMA(Algorithm):
             self.ema = [t.clone() for t in sd["ema"]]
             # checkpoints from before bias correction: the average is past its early updates
             self.updates = int(sd.get("updates", 10**9))
+
+
+__all__ = ["ema_update", "ema_weight", "EMA"]

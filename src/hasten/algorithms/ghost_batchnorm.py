@@ -16,6 +16,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ..core import Algorithm
+from ..registry import register_algorithm
 
 
 def ghost_batch_norm(x: torch.Tensor, bn: nn.modules.batchnorm._BatchNorm, ghost_size: int) -> torch.Tensor:
@@ -48,9 +49,13 @@ def apply_ghost_batchnorm(model: nn.Module, ghost_size: int = 32) -> int:
     return count
 
 
+@register_algorithm("ghost_batchnorm")
 class GhostBatchNormAlgorithm(Algorithm):
     def __init__(self, ghost_size: int = 32):
         self.ghost_size = ghost_size
 
     def init(self, state, logger):
         apply_ghost_batchnorm(state.model, self.ghost_size)
+
+
+__all__ = ["ghost_batch_norm", "GhostBatchNorm", "apply_ghost_batchnorm", "GhostBatchNormAlgorithm"]

@@ -29,8 +29,9 @@ import torch
 from torch.utils.data import Sampler
 
 from ..core import Algorithm, as_time
-from ..data.resumable import epoch_order
-from ..utils import derive_seed
+from ..data.resumable import TransformDataset, epoch_order, resumable_sampler
+from ..registry import register_algorithm
+from ..seeding import derive_seed
 
 
 @torch.no_grad()
@@ -241,7 +242,6 @@ class _PrunedSampler(Sampler):
 
 def attach(loader, pruner) -> None:
     """Make a hasten loader train on the pruner's plan and carry sample indices in batches."""
-    from ..data.resumable import TransformDataset, resumable_sampler
     if hasattr(loader, "selector") and hasattr(loader, "with_indices"):      # DeviceLoader
         loader.selector, loader.with_indices = pruner, True
         return
@@ -260,6 +260,7 @@ def loader_size(loader) -> int:
     return len(loader.dataset)
 
 
+@register_algorithm("infobatch")
 class InfoBatch(Algorithm):
     """The Trainer form. Logs per epoch: infobatch/kept, infobatch/pruned, infobatch/saved_fraction."""
 
@@ -303,3 +304,6 @@ class InfoBatch(Algorithm):
                 self.pruner.load_state_dict(sd)
             else:
                 self._pending = sd
+
+
+__all__ = ["infobatch_plan", "InfoBatchPruner", "InfoBatch"]

@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from ..core import Algorithm
+from ..registry import register_algorithm
 
 
 def smooth_labels(targets: torch.Tensor, num_classes: int, smoothing: float) -> torch.Tensor:
@@ -43,6 +44,7 @@ def uniform_cross_entropy(logits: torch.Tensor) -> torch.Tensor:
     return -F.log_softmax(logits.float(), dim=-1).mean(-1)
 
 
+@register_algorithm("label_smoothing")
 class LabelSmoothing(Algorithm):
     def __init__(self, smoothing: float = 0.1):
         if not 0.0 <= smoothing < 1.0:
@@ -61,3 +63,6 @@ class LabelSmoothing(Algorithm):
             return (1.0 - a) * inner + a * (uniform if inner.dim() else uniform.mean())
         smoothed.mixed_by = getattr(loss_fn, "mixed_by", None)   # a mixer wrapped inside stays known
         return smoothed
+
+
+__all__ = ["smooth_labels", "smoothed_cross_entropy", "uniform_cross_entropy", "LabelSmoothing"]

@@ -15,6 +15,7 @@ from __future__ import annotations
 import torch
 
 from ..core import Algorithm, as_time
+from ..registry import register_algorithm
 
 
 def freeze_first(model: torch.nn.Module, fraction: float) -> int:
@@ -26,6 +27,7 @@ def freeze_first(model: torch.nn.Module, fraction: float) -> int:
     return n
 
 
+@register_algorithm("layer_freezing")
 class LayerFreezing(Algorithm):
     def __init__(self, start: "float | str" = 0.5, fraction: float = 0.5):
         if not 0.0 <= fraction <= 1.0:
@@ -48,3 +50,6 @@ class LayerFreezing(Algorithm):
         if n != self.frozen:
             self.frozen = n
             logger.log({"layer_freezing/frozen_tensors": n})
+
+
+__all__ = ["freeze_first", "LayerFreezing"]

@@ -18,7 +18,8 @@ from __future__ import annotations
 import torch
 
 from ..core import Algorithm
-from ..utils import local_tensors, sharded_like
+from ..distributed.tensors import local_tensors, sharded_like
+from ..registry import register_algorithm
 
 
 @torch.no_grad()
@@ -27,6 +28,7 @@ def lookahead_sync(slow: list[torch.Tensor], fast: list[torch.Tensor], alpha: fl
     torch._foreach_copy_(fast, slow)
 
 
+@register_algorithm("lookahead")
 class Lookahead(Algorithm):
     def __init__(self, k: int = 5, alpha: float = 0.5, ramp: float = 0.0, buffers: bool = False):
         if k < 1 or not 0.0 < alpha <= 1.0 or ramp < 0:
@@ -70,3 +72,6 @@ class Lookahead(Algorithm):
     def load_state_dict(self, sd):
         if sd:
             self.slow, self.steps = [t.clone() for t in sd["slow"]], int(sd["steps"])
+
+
+__all__ = ["lookahead_sync", "Lookahead"]

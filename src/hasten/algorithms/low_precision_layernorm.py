@@ -17,6 +17,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ..core import Algorithm
+from ..registry import register_algorithm
 
 
 def _autocast_dtype(device_type: str):
@@ -55,7 +56,11 @@ def apply_low_precision_layernorm(model: nn.Module) -> int:
     return count
 
 
+@register_algorithm("low_precision_layernorm")
 class LowPrecisionLayerNorm(Algorithm):
     def init(self, state, logger):
         if apply_low_precision_layernorm(state.model) == 0:
             raise ValueError("low-precision layer norm: the model has no nn.LayerNorm modules")
+
+
+__all__ = ["low_precision_layer_norm", "LPLayerNorm", "apply_low_precision_layernorm", "LowPrecisionLayerNorm"]

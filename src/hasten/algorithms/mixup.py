@@ -19,7 +19,8 @@ import random
 import torch
 
 from ..core import Algorithm
-from ..utils import derive_seed
+from ..registry import register_algorithm
+from ..seeding import derive_seed
 
 
 def mixup_batch(x: torch.Tensor, y: torch.Tensor, lam: float, perm: torch.Tensor):
@@ -82,6 +83,10 @@ class _MixAlgorithm(Algorithm):
         state.batch = (x, (y, y[perm]), *batch[2:])
 
 
+@register_algorithm("mixup")
 class MixUp(_MixAlgorithm):
     def mix(self, x, y, lam, perm, rng):
         return mixup_batch(x, y, lam, perm)[0], lam
+
+
+__all__ = ["mixup_batch", "mixed_loss", "MixUp"]

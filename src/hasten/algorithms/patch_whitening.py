@@ -20,6 +20,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ..core import Algorithm, Time
+from ..registry import register_algorithm
 
 
 def patch_covariance(images: torch.Tensor, kernel: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -75,6 +76,7 @@ def first_conv(model: nn.Module) -> nn.Conv2d:
     raise ValueError("the model has no Conv2d to whiten")
 
 
+@register_algorithm("patch_whitening")
 class PatchWhitening(Algorithm):
     """Fit the first conv (or `module`) at init; `freeze` keeps its filters fixed afterwards;
     `train_bias_for` (a typed time such as '3ep' or '0.3dur') stops training its bias after
@@ -102,4 +104,7 @@ class PatchWhitening(Algorithm):
         fit_patch_whitening(conv, images, self.eps, negate=conv.out_channels == 2 * conv.in_channels * conv.kernel_size[0] ** 2)
         if self.freeze:
             conv.weight.requires_grad_(False)
-        state.extra["bench/method_setup_s"] = state.extra.get("bench/method_setup_s", 0.0) + time.perf_counter() - t0
+        state.method_seconds += time.perf_counter() - t0
+
+
+__all__ = ["patch_covariance", "fit_patch_whitening", "PatchWhitening"]

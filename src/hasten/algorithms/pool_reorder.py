@@ -20,6 +20,7 @@ from __future__ import annotations
 import torch.nn as nn
 
 from ..core import Algorithm
+from ..registry import register_algorithm
 
 _ACTS = (nn.ReLU, nn.ReLU6, nn.LeakyReLU, nn.GELU, nn.CELU, nn.SiLU, nn.ELU, nn.Hardswish)
 
@@ -60,6 +61,7 @@ def reorder_pools(model: nn.Module) -> int:
     return moved
 
 
+@register_algorithm("pool_reorder")
 class PoolReorder(Algorithm):
     def init(self, state, logger):
         n = reorder_pools(state.model)
@@ -67,3 +69,6 @@ class PoolReorder(Algorithm):
             raise ValueError("pool_reorder: the model has no conv -> BatchNorm -> activation -> max-pool pattern "
                              "(its pools may already come first); remove pool_reorder from the algorithms")
         logger.log({"pool_reorder/moved": n})
+
+
+__all__ = ["reorder_pools", "PoolReorder"]

@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from ..core import Algorithm, as_time
+from ..registry import register_algorithm
 
 
 def resize_scale(progress: float, initial_scale: float, start: float, finish: float) -> float:
@@ -36,6 +37,7 @@ def resize_batch(x: torch.Tensor, scale: float, size_increment: int = 4) -> torc
     return out
 
 
+@register_algorithm("progressive_resizing")
 class ProgressiveResizing(Algorithm):
     def __init__(self, initial_scale: float = 0.5, start: "float | str" = 0.0, finish: "float | str" = 0.6,
                  size_increment: int = 4):
@@ -52,3 +54,6 @@ class ProgressiveResizing(Algorithm):
         if s < 1.0:
             batch = state.batch
             state.batch = (resize_batch(batch[0], s, self.size_increment), *batch[1:])
+
+
+__all__ = ["resize_scale", "resize_batch", "ProgressiveResizing"]

@@ -17,7 +17,9 @@ import copy
 import torch
 
 from ..core import Algorithm, Time
-from ..utils import batch_size, index_batch
+from ..data.batches import batch_size, index_batch
+from ..models import build_model
+from ..registry import register_algorithm
 from .selective_backprop import select_hardest
 
 
@@ -33,6 +35,7 @@ def proxy_select(proxy, optimizer, inputs, targets, loss_fn, keep: float, autoca
     return select_hardest(losses, keep)
 
 
+@register_algorithm("proxy_selection")
 class ProxySelection(Algorithm):
     def __init__(self, proxy: "dict | torch.nn.Module", keep: float = 0.5, lr: float = 0.05, momentum: float = 0.9,
                  weight_decay: float = 5e-4, start: str = "0dur", end: str = "1dur"):
@@ -47,7 +50,6 @@ class ProxySelection(Algorithm):
         if isinstance(self.spec, torch.nn.Module):
             proxy = self.spec
         else:
-            from ..models import build_model
             spec = dict(self.spec)
             proxy = build_model(spec.pop("name", None), **spec)
         proxy = proxy.to(state.device)
@@ -97,3 +99,6 @@ class ProxySelection(Algorithm):
         else:
             self.proxy.load_state_dict(sd["proxy"])
             self.optimizer.load_state_dict(sd["optimizer"])
+
+
+__all__ = ["proxy_select", "ProxySelection"]

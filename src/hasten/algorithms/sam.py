@@ -14,6 +14,7 @@ from __future__ import annotations
 import torch
 
 from ..core import Algorithm
+from ..registry import register_algorithm
 
 
 @torch.no_grad()
@@ -31,6 +32,7 @@ def sam_restore(params: list[torch.Tensor], e: list[torch.Tensor]) -> None:
     torch._foreach_sub_(params, e)
 
 
+@register_algorithm("sam")
 class SAM(Algorithm):
     def __init__(self, rho: float = 0.05, interval: int = 1):
         if rho <= 0 or interval < 1:
@@ -53,3 +55,6 @@ class SAM(Algorithm):
             del state.step_losses[logged:]    # the logged loss is the one at the weights
             sam_restore(params, e)
         return sam_step
+
+
+__all__ = ["sam_perturb", "sam_restore", "SAM"]

@@ -15,7 +15,8 @@ from __future__ import annotations
 import torch
 
 from ..core import Algorithm, Time
-from ..utils import batch_size, forward, index_batch
+from ..data.batches import batch_size, forward, index_batch
+from ..registry import register_algorithm
 
 
 def select_hardest(losses: torch.Tensor, keep: float) -> torch.Tensor:
@@ -36,6 +37,7 @@ def per_sample_losses(model, state, batch) -> torch.Tensor:
     return losses.view(n, -1).float().mean(1)
 
 
+@register_algorithm("selective_backprop")
 class SelectiveBackprop(Algorithm):
     def __init__(self, keep: float = 0.5, start: str = "0dur", end: str = "1dur", interrupt: int = 0):
         if not 0.0 < keep <= 1.0:
@@ -60,3 +62,6 @@ class SelectiveBackprop(Algorithm):
             finally:
                 state.batch = batch
         return selective_step
+
+
+__all__ = ["select_hardest", "SelectiveBackprop"]

@@ -14,6 +14,7 @@ from __future__ import annotations
 import torch
 
 from ..core import Algorithm, Time
+from ..registry import register_algorithm
 
 
 def reshape_sequences(inputs: torch.Tensor, targets: torch.Tensor, length: int):
@@ -35,6 +36,7 @@ def warmup_length(progress_fraction: float, start: int, end: int, step: int) -> 
     return max(length, 1)
 
 
+@register_algorithm("seq_len_warmup")
 class SeqLenWarmup(Algorithm):
     def __init__(self, start: int = 8, step: int = 8, duration: str = "0.3dur"):
         if start < 1 or step < 1:
@@ -48,3 +50,6 @@ class SeqLenWarmup(Algorithm):
         x, y = state.batch
         length = warmup_length(p, self.start, x.shape[1], self.step)
         state.batch = reshape_sequences(x, y, length)
+
+
+__all__ = ["reshape_sequences", "warmup_length", "SeqLenWarmup"]

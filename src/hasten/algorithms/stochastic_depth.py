@@ -16,6 +16,7 @@ import torch
 import torch.nn as nn
 
 from ..core import Algorithm
+from ..registry import register_algorithm
 
 
 def drop_path(y: torch.Tensor, p: float, generator: torch.Generator | None = None) -> torch.Tensor:
@@ -35,6 +36,7 @@ class DropPath(nn.Module):
         return drop_path(y, self.p) if self.training else y
 
 
+@register_algorithm("stochastic_depth")
 class StochasticDepth(Algorithm):
     def __init__(self, drop_rate: float = 0.1, branch_names: tuple = ("branch", "body")):
         if not 0.0 <= drop_rate < 1.0:
@@ -49,3 +51,6 @@ class StochasticDepth(Algorithm):
             raise ValueError(f"stochastic depth: no residual blocks with a branch named {self.branch_names}")
         for i, (m, n) in enumerate(blocks, start=1):
             setattr(m, n, DropPath(getattr(m, n), self.drop_rate * i / len(blocks)))
+
+
+__all__ = ["drop_path", "DropPath", "StochasticDepth"]

@@ -20,7 +20,8 @@ import torch
 from torch.optim.swa_utils import AveragedModel, get_swa_multi_avg_fn
 
 from ..core import Algorithm, as_time
-from ..utils import local_tensors, sharded_like
+from ..distributed.tensors import local_tensors, sharded_like
+from ..registry import register_algorithm
 
 _swa_update = get_swa_multi_avg_fn()
 
@@ -42,6 +43,7 @@ def _weights_and_buffers(model: torch.nn.Module) -> list[torch.Tensor]:
     return [*model.parameters(), *model.buffers()]
 
 
+@register_algorithm("swa")
 class SWA(Algorithm):
     def __init__(self, start: "float | str" = 0.75, update_every: int = 1, bn_batches: int = 50):
         self.start = as_time(start, "start")
@@ -107,3 +109,6 @@ class SWA(Algorithm):
     def load_state_dict(self, sd):
         if sd:
             self._pending = sd if "n" in sd else sd["averaged"]   # the second: hasten <= 0.1's AveragedModel state
+
+
+__all__ = ["apply_swa", "SWA"]

@@ -21,6 +21,7 @@ import torch
 
 from ..core import Algorithm
 from ..data.augment import translate as _translate
+from ..registry import register_algorithm
 
 
 def _check_fraction(fraction: float) -> None:
@@ -76,6 +77,7 @@ class _TTAModel(torch.nn.Module):
         return tta_logits(self.model, x, self.flip, self.translate, self.fraction)
 
 
+@register_algorithm("tta")
 class TTA(Algorithm):
     def __init__(self, flip: bool = True, translate: int = 1, final_only: bool = True,
                  fraction: float = 1.0):
@@ -96,5 +98,7 @@ class TTA(Algorithm):
             state.forward_model, self._saved = self._saved, None
             if state.device.type == "cuda":
                 torch.cuda.synchronize()
-            extra = state.extra
-            extra["bench/method_setup_s"] = extra.get("bench/method_setup_s", 0.0) + time.perf_counter() - self._t0
+            state.method_seconds += time.perf_counter() - self._t0
+
+
+__all__ = ["tta_logits", "TTA"]

@@ -22,8 +22,12 @@ import time
 import torch
 
 from ..allocator import host_allocator_state
+from ..build import build_run
+from ..distributed.world import leave_worker
+from ..config import load_recipe
+from ..errors import HastenError
 from ..provenance import code_version
-from ..utils import cpu_flags, cpu_name
+from ..hardware import cpu_flags, cpu_name
 from ..core import Callback
 
 
@@ -65,7 +69,7 @@ class BenchRecorder(Callback):
         ts = state.timestamp
         self._write({"kind": "eval", "train_s": ts.train_seconds, "batch": ts.batch, "sample": ts.sample,
                      "token": ts.token, "eval_s": dt, "metrics": dict(state.eval_metrics),
-                     "method_setup_s": float(state.extra.get("bench/method_setup_s", 0.0))})
+                     "method_setup_s": state.method_seconds})
 
     def warmup_s(self, state) -> float:
         """Extra time of the first batch over the mean of the others (compile, allocator warm-up)."""
@@ -88,8 +92,6 @@ def machine() -> dict:
 
 
 def main(spec_path: str, out_path: str) -> int:
-    from ..build import build_run
-    from ..config import load_recipe
     with open(spec_path) as f:
         spec = json.load(f)
     overrides = list(spec.get("overrides", [])) + [
@@ -117,7 +119,7 @@ def main(spec_path: str, out_path: str) -> int:
         out.write(json.dumps({
             "kind": "final", "metrics": dict(state.eval_metrics), "batch": ts.batch, "sample": ts.sample,
             "token": ts.token, "train_s": ts.train_seconds, "warmup_s": rec.warmup_s(state), "eval_s": rec.eval_s,
-            "data_setup_s": data_setup_s, "method_setup_s": float(state.extra.get("bench/method_setup_s", 0.0)),
+            "data_setup_s": data_setup_s, "method_setup_s": state.method_seconds,
             "fit_wall_s": fit_wall, "total_wall_s": time.perf_counter() - t0, "peak_memory_bytes": peak,
             "stop_reason": state.stop_reason, "device": str(state.device), "machine": machine(),
             "world_size": state.runtime.world.size,
@@ -127,7 +129,6 @@ def main(spec_path: str, out_path: str) -> int:
 
 def _main_with_errors(argv: list[str]) -> int:
     """main(), with hasten's own errors as one line (the runner records the last line)."""
-    from ..errors import HastenError
     try:
         return main(argv[1], argv[2])
     except HastenError as e:
@@ -136,7 +137,6 @@ def _main_with_errors(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    from ..runtime import leave_worker
     _code = _main_with_errors(sys.argv)
     leave_worker(_code)   # a torchrun worker exits here, its work done
     sys.exit(_code)

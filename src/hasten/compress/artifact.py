@@ -21,9 +21,9 @@ from pathlib import Path
 
 import torch
 
-from ..checkpoint import _first_line
-from ..errors import CheckpointError
+from ..errors import CheckpointError, first_line
 from ..files import atomic_write
+from .quantize import require_torchao
 
 FORMAT = "hasten-artifact/1"
 _BITS = torch.tensor([128, 64, 32, 16, 8, 4, 2, 1], dtype=torch.uint8)
@@ -83,7 +83,6 @@ def read_artifact(path: "str | os.PathLike") -> tuple[dict, dict, list | None]:
     except Exception as e:
         msg = str(e)
         if "torchao" in msg:
-            from .quantize import require_torchao
             try:
                 require_torchao()
             except ImportError:
@@ -92,9 +91,9 @@ def read_artifact(path: "str | os.PathLike") -> tuple[dict, dict, list | None]:
             try:   # torchao registers its tensor types as safe once imported
                 payload = torch.load(path, map_location="cpu", weights_only=True)
             except Exception as e2:
-                raise CheckpointError(f"cannot read artifact {path}: {type(e2).__name__}: {_first_line(e2)}") from e2
+                raise CheckpointError(f"cannot read artifact {path}: {type(e2).__name__}: {first_line(e2)}") from e2
         else:
-            raise CheckpointError(f"cannot read artifact {path}: {type(e).__name__}: {_first_line(e)}. The file is corrupt, "
+            raise CheckpointError(f"cannot read artifact {path}: {type(e).__name__}: {first_line(e)}. The file is corrupt, "
                                   "truncated or not a hasten artifact; objects that would need code to run are refused") from e
     if not isinstance(payload, dict) or payload.get("format") != FORMAT:
         if isinstance(payload, dict) and "model" in payload and "meta" in payload:

@@ -17,7 +17,7 @@ from typing import Callable
 
 import torch
 
-from ..checkpoint import _first_line
+from ..errors import first_line
 
 
 def _compiled(model):
@@ -50,7 +50,7 @@ def inference_cost(models: dict, make_input: Callable[[int], torch.Tensor], batc
                         f(x)
                         f(x)   # warm-up (and compilation)
                 except Exception as e:   # a path that cannot run this model is reported, not fatal
-                    rows.append({"model": name, "path": path, "batch": b, "error": f"{type(e).__name__}: {_first_line(e)[:160]}"})
+                    rows.append({"model": name, "path": path, "batch": b, "error": f"{type(e).__name__}: {first_line(e)[:160]}"})
                     continue
                 runners[(name, path)] = (f, time.perf_counter() - t0)
         times = {k: [] for k in runners}

@@ -17,23 +17,30 @@ recipe's evaluation procedure is kept (its test-time augmentation included).
 from __future__ import annotations
 
 import copy
+import io
 import json
 import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
 from ..build import build_algorithms, build_optimizer
-from ..checkpoint import CheckpointIO, _first_line, find_latest
-from ..config import Recipe, to_dict, validate
-from ..core.event import Event
-from ..errors import CheckpointError, ConfigError
+from ..checkpoint import CheckpointIO, find_latest
+from ..config import Recipe, apply_override, parse_override, to_dict, validate
+from ..core import Event, Time
+from ..errors import CheckpointError, ConfigError, first_line
+from ..files import atomic_write
+from ..optim import LRSchedule
+from ..provenance import code_version, describe
+from ..runs import is_run_folder, stored_recipe
 from ..runtime import make_runtime
 from ..tasks import TASKS
 from ..trainer import Trainer
 from . import pruning, quantize, structured
 from .artifact import read_artifact, save_artifact
+from .measure import best, inference_cost
 
 # recipe algorithms a fine-tune keeps: they shape the loss or the evaluation, not the run's course
 FINETUNE_KEEP = {"label_smoothing", "tta", "gradient_clipping"}
@@ -76,8 +83,11 @@ def open_session(recipe: Recipe, device: str = "cpu") -> Session:
     if used:
         raise ConfigError(f"this run evaluates an average of its weights ({', '.join(sorted(used))}); hasten compress "
                           "takes the trained weights themselves, which the run never evaluated: not supported yet")
+    spec = TASKS[recipe.task]
+    if spec.compress_refusal:
+        raise ConfigError(f"hasten compress cannot take a {spec.name} run: {spec.compress_refusal}")
     runtime = _runtime(recipe, device)
-    built = TASKS[recipe.task].build(recipe, runtime)
+    built = spec.build(recipe, runtime)
     algorithms = build_algorithms(recipe)
     trainer = Trainer(model=built.model, train_dataloader=built.train_dataloader, eval_dataloader=built.eval_dataloader,
                       metrics=built.metrics, loss_fn=built.loss_fn, algorithms=algorithms, runtime=runtime,
@@ -100,13 +110,13 @@ def eval_trainer(model: torch.nn.Module, session: Session, timestamp: dict | Non
 
 
 def quality_key(recipe: Recipe) -> tuple[str, str]:
-    """(metric, 'max' or 'min'): accuracy for classification, loss for language models."""
-    return ("val/acc", "max") if recipe.task == "image_classification" else ("val/loss", "min")
+    """(metric, 'max' or 'min'): how the recipe's task judges a run (its TaskSpec's quality)."""
+    quality = TASKS[recipe.task].quality
+    return quality.metric, quality.direction
 
 
 def locate(source: "str | Path") -> tuple[Path, Path]:
     """(run folder, checkpoint file) for a run folder or a checkpoint inside one."""
-    from ..runs import is_run_folder
     source = Path(source)
     if source.is_dir():
         if not is_run_folder(source):
@@ -147,7 +157,7 @@ def load_trained(session: Session, ckpt: Path) -> dict:
         session.model.load_state_dict(payload["model"])
     except (RuntimeError, KeyError) as e:
         raise CheckpointError(f"{ckpt} does not hold this recipe's model ({session.recipe.name}): "
-                              f"{(_first_line(e) or type(e).__name__)[:200]}") from e
+                              f"{(first_line(e) or type(e).__name__)[:200]}") from e
     meta = json.loads(payload["meta"])
     session.trainer.state.timestamp.load_state_dict(meta["timestamp"])
     return meta
@@ -159,7 +169,6 @@ def finetune(model: torch.nn.Module, session: Session, duration: str, lr_factor:
     zero; the algorithms that shape the loss and the evaluation are kept (FINETUNE_KEEP), the
     others, which belong to the original run's course (warm-ups, resizing, averaging), are not.
     Returns the evaluation at its end."""
-    from ..optim import LRSchedule
     recipe = session.recipe
     names = list(recipe.algorithms)
     fresh = build_algorithms(recipe)
@@ -207,8 +216,6 @@ def compress_run(source, prune: float = 0.0, scope: str = "global", structured_r
                  out: "str | Path | None" = None, overrides: list[str] = (), export: bool = False,
                  latency: bool = True, repeats: int = 7, device: str = "cpu", log=print) -> Result:
     """Compress the trained model of a run folder (or one of its checkpoints); see the module doc."""
-    from ..provenance import code_version
-    from ..runs import stored_recipe
     pruning.check_sparsity(prune, "--prune")
     pruning.check_sparsity(structured_ratio, "--structured")
     if scope not in ("global", "layer"):
@@ -219,7 +226,6 @@ def compress_run(source, prune: float = 0.0, scope: str = "global", structured_r
         except (ValueError, ImportError) as e:
             raise ConfigError(str(e)) from None
     if finetune_for:
-        from ..core.time import Time
         try:
             Time.parse(finetune_for)
         except ValueError as e:
@@ -300,7 +306,6 @@ def compress_run(source, prune: float = 0.0, scope: str = "global", structured_r
         record["inference"] = measure_cost(reference, final, work, calib, repeats, log)
     record["seconds"] = time.perf_counter() - t_start
     report_path = out.with_suffix(".md")
-    from ..files import atomic_write
     atomic_write(out.with_suffix(".json"), lambda f: json.dump(record, f, indent=1, default=str), binary=False)
     atomic_write(report_path, lambda f: f.write(render(record)), binary=False)
     return Result(artifact=out, report_path=report_path, report=record)
@@ -311,7 +316,6 @@ def _fmt(metrics: dict) -> str:
 
 
 def _dense_bytes(model) -> int:
-    import io
     buf = io.BytesIO()
     torch.save({k: v.detach().float() for k, v in model.state_dict().items()}, buf)
     return buf.tell()
@@ -320,42 +324,29 @@ def _dense_bytes(model) -> int:
 def export_program(model, example, path: Path) -> dict:
     """torch.export the compressed model to `path` (for use without hasten), or say why not."""
     try:
-        import warnings
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             batch = torch.export.Dim("batch", min=1)
             program = torch.export.export(model, (example,), dynamic_shapes=({0: batch},), strict=False)
-            from ..files import atomic_write
             atomic_write(path, lambda f: torch.export.save(program, f))
         return {"path": path.name, "bytes": path.stat().st_size}
     except Exception as e:
-        return {"error": f"torch.export does not support this model: {type(e).__name__}: {_first_line(e)[:200]}"}
+        return {"error": f"torch.export does not support this model: {type(e).__name__}: {first_line(e)[:200]}"}
 
 
 def measure_cost(reference, final, session: Session, calib, repeats: int, log) -> list:
-    from .measure import inference_cost
+    """CPU inference time of the model before and after, at batch sizes 1, 64 and the recipe's
+    evaluation batch, on inputs the task makes (TaskSpec.example_inputs)."""
     recipe = session.recipe
     batches = sorted({1, 64, recipe.data.eval_batch_size})
-    if recipe.task == "image_classification":
-        x0 = calib[0]
-        layout = torch.channels_last if x0.dim() == 4 and x0.is_contiguous(memory_format=torch.channels_last) \
-            and not x0.is_contiguous() else torch.contiguous_format
-
-        def make(b):   # the calibration images, repeated to the batch, in their memory format
-            return x0.repeat(-(-b // len(x0)), 1, 1, 1)[:b].contiguous(memory_format=layout)
-    else:
-        block, vocab = reference.config.block_size, reference.config.vocab_size
-        gen = torch.Generator().manual_seed(0)
-
-        def make(b):
-            return torch.randint(0, vocab, (b, block), generator=gen)
+    make_inputs = TASKS[recipe.task].example_inputs
     log(f"measuring CPU inference at batches {batches} ({repeats} interleaved runs each, eager and compiled)")
-    return inference_cost({"before": reference, "after": final}, make, batches, repeats=repeats)
+    return inference_cost({"before": reference, "after": final}, lambda b: make_inputs(session.built, b), batches,
+                          repeats=repeats)
 
 
 def render(r: dict) -> str:
     """The compression report as markdown."""
-    from .measure import best
     m = r["metric"]
     b, a = r["before"].get(m), r["after"].get(m)
     lines = [f"# Compression report: {r['source']['recipe']} ({r['source']['checkpoint']})", "",
@@ -391,7 +382,6 @@ def render(r: dict) -> str:
     if r["compression"]["quantize"] == "int8-static":
         lines += ["", "The int8-static artifact holds float weights and its calibration batches (fp16) and is "
                   "re-quantized when loaded; the int8 program itself is what --export writes."]
-    from ..provenance import describe
     lines += ["", f"CPU flags: {', '.join(r['cpu']['flags'])}.", f"Code: {describe(r['code'])}.", ""]
     return "\n".join(lines)
 
@@ -401,7 +391,6 @@ def load_artifact(path, overrides: list[str] = (), device: str = "cpu") -> tuple
     """(model, session, meta) of an artifact: the recipe's model (its surgery replayed, the
     smaller config of structured pruning), its weights, its quantization re-applied."""
     weights, meta, calibration = read_artifact(path)
-    from ..config import apply_override, parse_override
     raw = dict(meta["recipe"])
     for text in overrides:
         keys, value = parse_override(text)
@@ -419,7 +408,7 @@ def load_artifact(path, overrides: list[str] = (), device: str = "cpu") -> tuple
             model.load_state_dict(weights)
     except (RuntimeError, KeyError) as e:
         raise CheckpointError(f"{path}: its weights do not fit the model its recipe builds: "
-                              f"{_first_line(e)[:200]}") from e
+                              f"{first_line(e)[:200]}") from e
     model.eval()
     if quant == "int8-static":
         model = quantize.quantize_static(model, [c.float() if c.is_floating_point() else c for c in calibration or []])

@@ -23,7 +23,7 @@ import warnings
 import torch
 import torch.nn as nn
 
-from ..utils import cpu_flags, cpu_name
+from ..hardware import cpu_flags, cpu_name
 
 MODES = ("int8", "int8-weight", "int8-static")
 

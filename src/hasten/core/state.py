@@ -1,23 +1,27 @@
 """State: everything algorithms read and change, in one object."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import InitVar, dataclass, field
 from typing import Any, Callable
 
 import torch
 
 from ..errors import HastenError
+from ..runtime import Runtime
 from .time import Time, Timestamp, TimeUnit
 
 _ONE_BATCH = Time(1, "ba")
 
 
-@dataclass
+@dataclass(eq=False)
 class State:
+    """What algorithms read and change. Where and how the run computes is `runtime` (device,
+    precision, seed, world), held once: `state.device`, `.precision` and `.seed` read it. A
+    State built by hand (a test of an algorithm) may give `device=`, `precision=`, `seed=`
+    instead of a runtime."""
     model: torch.nn.Module
     max_duration: Time
-    device: torch.device
-    precision: str = "fp32"
+    runtime: Runtime | None = None   # hasten.Runtime: device, precision, seed, threads, allocator, world
     optimizers: list = field(default_factory=list)
     schedulers: list = field(default_factory=list)
     loss_fn: Callable | None = None      # the task's loss: evaluation uses it as it is
@@ -27,13 +31,11 @@ class State:
     algorithms: list = field(default_factory=list)
     callbacks: list = field(default_factory=list)
     timestamp: Timestamp = field(default_factory=Timestamp)
-    seed: int = 0
     grad_accum: int = 1
     scaler: Any = None            # torch.amp.GradScaler for fp16-mixed
     forward_model: Any = None     # what the forward pass calls: the model, or its compiled form
     batch_fn: Callable | None = None   # batch -> (inputs, targets): the Trainer's batch contract
     autocast: Callable | None = None   # () -> the precision's autocast context, for extra forward passes
-    runtime: Any = None           # hasten.Runtime: device, precision, seed, threads, allocator, resolved once
     # per step
     batch: Any = None             # the batch of the step, on the device (under data parallelism: this rank's share)
     global_batch_size: int = 0    # under data parallelism: the step's samples on all ranks together (an
@@ -44,6 +46,7 @@ class State:
     outputs: Any = None
     loss: Any = None              # per-sample losses after the loss event, the scalar after reduction
     loss_count: int = 1           # elements the per-sample loss had before algorithms touched it
+    grads_unscaled_at: int = -1   # fp16-mixed: the batch whose gradients the scaler has unscaled already
     # eval
     eval_metrics: dict = field(default_factory=dict)   # last evaluation results, name -> float
     # training loss, accumulated on the device and read only at log and save points
@@ -51,13 +54,25 @@ class State:
     checked_batch: int = 0        # batches up to here are known to have had finite losses
     last_checkpoint: str | None = None
     resumed_from: dict | None = None   # {"path", "run_id"} of the checkpoint this state was restored from
+    method_seconds: float = 0.0   # time algorithms spent on work that is part of their method outside the
+                                  # training clock (a whitening fit, test-time views); the harness reports it
     # control
     log_due: bool = False         # this batch end is a log point: callbacks may read tensors now
     at_epoch_end: bool = False
     steps_per_epoch: int | None = None
     stop_training: bool = False
     stop_reason: str | None = None
-    extra: dict = field(default_factory=dict)  # room for algorithms to share data
+    extra: dict = field(default_factory=dict)  # room for users' own algorithms to share data (hasten's use none)
+    device: InitVar[Any] = None        # instead of runtime: a State built by hand
+    precision: InitVar[str | None] = None
+    seed: InitVar[int | None] = None
+
+    def __post_init__(self, device, precision, seed):
+        asked = {k: v for k, v in (("device", device), ("precision", precision), ("seed", seed)) if v is not None}
+        if self.runtime is None:
+            self.runtime = Runtime.of(**asked)
+        elif asked:
+            raise ValueError(f"give runtime= or {', '.join(asked)}, not both")
 
     # ------------------------------------------------------------------ progress
     @property
@@ -155,3 +170,10 @@ class NonFiniteLossError(HastenError, RuntimeError):
             "enable gradient clipping (grad_clip_norm), or use bf16-mixed instead of fp16-mixed; "
             "log more often (log_interval) to narrow down the step.")
         self.first_batch, self.last_batch, self.last_checkpoint = first_batch, last_batch, last_checkpoint
+
+
+# where and how the run computes: read from the one runtime (set after the dataclass is made, so
+# that `device=`, `precision=` and `seed=` stay constructor arguments of a State built by hand)
+State.device = property(lambda self: self.runtime.device, doc="The run's device (runtime.device).")
+State.precision = property(lambda self: self.runtime.precision, doc="The run's precision (runtime.precision).")
+State.seed = property(lambda self: self.runtime.seed, doc="The run's seed (runtime.seed).")

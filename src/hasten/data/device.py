@@ -26,7 +26,8 @@ from typing import Iterator, Literal
 
 import torch
 
-from ..utils import derive_seed, share_range
+from ..seeding import derive_seed
+from .batches import share_range
 from . import augment as A
 from .resumable import epoch_order
 

@@ -20,7 +20,8 @@ from typing import Callable, Iterator
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
-from ..utils import derive_seed, index_batch, share_range
+from ..seeding import derive_seed
+from .batches import index_batch, share_range
 
 
 def epoch_order(num_samples: int, chosen: torch.Tensor | None, shuffle: bool, seed: int, epoch: int,

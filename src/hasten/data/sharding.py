@@ -15,10 +15,16 @@ Who takes the share depends on the loader, decided once per loader by `prepare`:
   with repeated samples, which would be counted twice;
 - 'trainer': any other iterable yields global batches; every rank loads the whole batch and
   the Trainer keeps the rank's share. Correct, but the loading is repeated on every rank.
+
+`RankShare` does the accounting of one loader during a fit: each rank's share, the global
+batch's size, and the weight of each rank's mean in the gradient average.
 """
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
+
+from .batches import batch_size, shard_batch
 
 
 @dataclass(frozen=True)
@@ -53,3 +59,38 @@ def prepare(loader, rank: int, world_size: int, purpose: str = "training") -> Sh
                              "loader unsharded; the Trainer shares each of its batches, counting every sample once")
         return Sharding("sampler")
     return Sharding("trainer")
+
+
+class RankShare:
+    """Share accounting of one loader under data parallelism: this rank's share of each global
+    batch, the global batch's size (`take`), the step's samples and tokens on all ranks, and
+    the weight of this rank's mean in DDP's gradient average (`count`, `rank_scale`)."""
+
+    def __init__(self, loader, world, purpose: str = "training"):
+        self.rank, self.world_size = world.rank, world.size
+        self.sharding = prepare(loader, world.rank, world.size, purpose)
+        self.rank_scale = 1.0
+        if self.sharding.mode == "trainer" and purpose == "training" and world.is_main:
+            warnings.warn("the training loader yields whole global batches: every rank loads each batch and keeps "
+                          "its share. To load only the share, use hasten.data.make_dataloader or DeviceLoader, or a "
+                          "DistributedSampler with the per-rank batch size (docs/distributed.md)", stacklevel=4)
+
+    @property
+    def mode(self) -> str:
+        return self.sharding.mode
+
+    def take(self, batch, epoch: int, index: int) -> tuple:
+        """(this rank's share of global batch `index` of `epoch`, the global batch's size); the
+        loader may have taken the share already."""
+        if self.sharding.mode == "trainer":
+            return shard_batch(batch, self.rank, self.world_size), batch_size(batch)
+        return batch, self.sharding.global_size(epoch, index, batch_size(batch), self.world_size)
+
+    def count(self, n_samples: int, n_tokens: int, n: int) -> tuple[int, int]:
+        """The step's samples and tokens on all ranks, given this rank's and the global batch's
+        size `n` (an algorithm may have changed it since `take`): the clock counts the global
+        batch, so durations mean the same at any world size; tokens are this rank's scaled to
+        the global batch, exact for batches of equal-length sequences. Sets `rank_scale`, this
+        rank's share of the global batch times the world size."""
+        self.rank_scale = n_samples / n * self.world_size if n else 0.0
+        return n, (n_tokens * n // n_samples if n_samples else 0)

@@ -13,7 +13,8 @@ from pathlib import Path
 import torch
 
 from ..errors import DataError
-from ..utils import derive_seed, share_range
+from ..seeding import derive_seed
+from .batches import share_range
 from .download import DatasetNotFoundError
 
 PACKAGED = {"tinyshakespeare": "tinyshakespeare.txt"}

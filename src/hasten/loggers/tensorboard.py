@@ -1,12 +1,18 @@
 """TensorBoard logger (needs the `tensorboard` extra: pip install 'hasten[tensorboard]')."""
 from __future__ import annotations
 
+import importlib.util
 import json
 
 from .base import LoggerDestination
 
 
 class TensorBoardLogger(LoggerDestination):
+    @staticmethod
+    def available() -> bool:
+        """Whether the tensorboard package is installed (the logger needs it)."""
+        return importlib.util.find_spec("tensorboard") is not None
+
     def __init__(self, log_dir: str):
         try:
             from torch.utils.tensorboard import SummaryWriter

@@ -4,7 +4,7 @@ from .gpt import GPT, GPTConfig
 from .resnet import ResNet, ResNet9, resnet18, resnet50
 from .speedrun import SpeedrunNet
 
-MODELS = {"resnet9": ResNet9, "speedrun": SpeedrunNet, "resnet18": resnet18, "resnet50": resnet50}
+from ..registry import MODELS   # name -> class or factory, filled by @register_model where each is defined
 
 
 def build_model(name: str, **kwargs):

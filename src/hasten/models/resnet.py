@@ -9,6 +9,8 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
+from ..registry import register_model
+
 
 def conv_bn(c_in: int, c_out: int, act=nn.ReLU) -> nn.Sequential:
     return nn.Sequential(nn.Conv2d(c_in, c_out, 3, padding=1, bias=False), nn.BatchNorm2d(c_out), act())
@@ -23,6 +25,7 @@ class Residual(nn.Module):
         return x + self.body(x)
 
 
+@register_model("resnet9")
 class ResNet9(nn.Module):
     def __init__(self, num_classes: int = 10, width: int = 64, act=nn.ReLU):
         super().__init__()
@@ -125,11 +128,13 @@ class ResNet(nn.Module):
         return self.fc(torch.flatten(self.pool(self.stages(self.stem(x))), 1))
 
 
+@register_model("resnet18")
 def resnet18(num_classes: int = 1000, stem: str = "imagenet", width: int = 64,
              zero_init_residual: bool = True) -> ResNet:
     return ResNet(BasicBlock, [2, 2, 2, 2], num_classes, stem, width, zero_init_residual)
 
 
+@register_model("resnet50")
 def resnet50(num_classes: int = 1000, stem: str = "imagenet", width: int = 64,
              zero_init_residual: bool = True) -> ResNet:
     return ResNet(Bottleneck, [3, 4, 6, 3], num_classes, stem, width, zero_init_residual)

@@ -15,6 +15,8 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
+from ..registry import register_model
+
 ACTIVATIONS = {"relu": nn.ReLU, "gelu": nn.GELU, "celu": nn.CELU, "silu": nn.SiLU}
 
 
@@ -33,6 +35,7 @@ class ConvGroup(nn.Sequential):
             nn.BatchNorm2d(c_out, eps=bn_eps, momentum=bn_momentum), _act(act))
 
 
+@register_model("speedrun")
 class SpeedrunNet(nn.Module):
     def __init__(self, num_classes: int = 10, widths: tuple = (64, 256, 256), whiten_kernel: int = 2,
                  in_channels: int = 3, act: str = "gelu", logit_scale: float = 1 / 9,

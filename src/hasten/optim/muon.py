@@ -28,7 +28,7 @@ import math
 
 import torch
 
-from ..utils import is_dtensor
+from ..distributed.tensors import is_dtensor
 
 NS_DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 DEFAULT_EXCLUDE = ("*wte*", "*wpe*", "*embed*", "*lm_head*", "*head*", "fc.*", "*.fc.weight")

@@ -1,14 +1,20 @@
-"""Tasks: how a recipe's `model` and `data` sections become a model and dataloaders.
+"""Tasks: how a recipe's `model` and `data` sections become a model and dataloaders, and how
+its runs are judged.
 
-Each task is a `TaskSpec` (hasten.tasks.base): its data and model config classes, the
-function that validates its `model` section, and its builder `build(recipe, runtime)`.
-The trainer knows nothing of tasks. `TASKS` maps every name (aliases included) to its spec.
+Each task is a `TaskSpec` (hasten.tasks.base) registered by its module (`register_task`); every
+module of this package is imported here. `TASKS` maps every name (aliases included) to its
+spec. The trainer knows nothing of tasks.
 """
-from .base import Built, NamedModel, TaskSpec
-from .char_lm import SPEC as CHAR_LM
-from .image_classification import SPEC as IMAGE_CLASSIFICATION
+import importlib as _importlib
+import pkgutil as _pkgutil
 
-SPECS = (CHAR_LM, IMAGE_CLASSIFICATION)
-TASKS: dict[str, TaskSpec] = {n: spec for spec in SPECS for n in (spec.name, *spec.aliases)}
+from ..registry import TASKS
+from .base import Built, DataSection, ModelSection, NamedModel, Quality, TaskSpec, first_inputs
 
-__all__ = ["Built", "NamedModel", "SPECS", "TASKS", "TaskSpec"]
+for _m in sorted(_pkgutil.iter_modules(__path__)):
+    if _m.name != "base":
+        _importlib.import_module(f"{__name__}.{_m.name}")
+
+SPECS = tuple(dict.fromkeys(TASKS.values()))   # each spec once, in registration order
+
+__all__ = ["Built", "DataSection", "ModelSection", "NamedModel", "Quality", "SPECS", "TASKS", "TaskSpec", "first_inputs"]

@@ -1,10 +1,14 @@
-"""A task as a typed spec: its config classes and its builder, and what the builder returns."""
+"""A task as a typed spec: its config classes, its builder, how its runs are judged, and
+what it builds for the trainer."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Literal
 
 import torch
+
+from ..data.batches import inputs_targets
+from ..schema import DataSection, ModelSection  # noqa: F401 (re-exported)
 
 
 @dataclass
@@ -32,8 +36,35 @@ class NamedModel:
 
 
 @dataclass(frozen=True)
+class Quality:
+    """How a task's runs are judged: the metric its evaluation logs and which way is better."""
+    metric: str                          # e.g. "val/acc"
+    direction: Literal["max", "min"]     # "max": higher is better
+
+    @property
+    def op(self) -> str:
+        """The comparison a target on this metric uses: '>=' when higher is better, else '<='."""
+        return ">=" if self.direction == "max" else "<="
+
+    def better(self, a: float, b: float) -> bool:
+        """Whether `a` is better than `b`."""
+        return a > b if self.direction == "max" else a < b
+
+
+def first_inputs(built: Built, n: int) -> torch.Tensor:
+    """`n` inputs for the task's model: the first training batch's inputs, repeated or cut to
+    `n`, in their memory format (what latency measurement and export feed the model)."""
+    x, _ = inputs_targets(next(iter(built.train_dataloader)))
+    layout = (torch.channels_last if x.dim() == 4 and x.is_contiguous(memory_format=torch.channels_last)
+              and not x.is_contiguous() else torch.contiguous_format)
+    reps = -(-n // len(x))
+    return x.repeat(reps, *([1] * (x.dim() - 1)))[:n].contiguous(memory_format=layout)
+
+
+@dataclass(frozen=True)
 class TaskSpec:
-    """How a recipe's `model` and `data` sections become a model and dataloaders.
+    """How a recipe's `model` and `data` sections become a model and dataloaders, and how the
+    runs are judged.
 
     data_config: the dataclass of the `data` section (every task's has `batch_size`, the
         global batch of one optimizer step).
@@ -41,6 +72,9 @@ class TaskSpec:
     parse_model: the raw `model` section -> a `model_config` (validated).
     build: `build(recipe, runtime) -> Built`; the runtime (hasten.runtime) is resolved and
         seeded before it is called, so the model it makes is initialised under the seed.
+    quality: the metric a run is judged by and its direction (bench targets, compress reports).
+    example_inputs: `f(built, n)` -> `n` inputs for the model (latency and export).
+    compress_refusal: why `hasten compress` cannot take this task's runs; None when it can.
     """
     name: str
     description: str
@@ -48,4 +82,7 @@ class TaskSpec:
     model_config: type
     parse_model: Callable[[dict], Any]
     build: Callable[[Any, Any], Built]
+    quality: Quality
     aliases: tuple[str, ...] = ()
+    example_inputs: Callable[[Built, int], torch.Tensor] = first_inputs
+    compress_refusal: str | None = None

@@ -11,7 +11,8 @@ from ..data.text import (ByteTokenizer, CharTokenizer, EvalWindows, RandomWindow
 from ..errors import ConfigError, DataError
 from ..models.gpt import GPT, GPTConfig
 from ..schema import from_dict, setting
-from .base import Built, TaskSpec
+from ..registry import register_task
+from .base import Built, Quality, TaskSpec
 
 
 @dataclass
@@ -92,5 +93,7 @@ def build(recipe, runtime) -> Built:
               "val_tokens": len(val), "tokenizer": tok})
 
 
-SPEC = TaskSpec(name="char_lm", aliases=("lm",), description="language modelling with hasten's GPT (characters, bytes or token files)",
-                data_config=DataConfig, model_config=ModelConfig, parse_model=model_config, build=build)
+SPEC = register_task(TaskSpec(
+    name="char_lm", aliases=("lm",), description="language modelling with hasten's GPT (characters, bytes or token files)",
+    data_config=DataConfig, model_config=ModelConfig, parse_model=model_config, build=build,
+    quality=Quality("val/loss", "min")))

@@ -13,13 +13,15 @@ import torch
 
 from ..data.cifar import MEAN, STD, load_cifar10
 from ..data.device import DeviceLoader
+from ..data.imagefolder import ImageFolder, RandomResizedCrop, ResizeCenterCrop
 from ..data.loaders import TensorPairs, make_dataloader
 from ..data.transforms import Normalize, RandomCropFlip
 from ..errors import ConfigError
 from ..models import MODELS
 from ..models.flops import training_flops_per_sample
-from ..schema import _suggest, setting, signature_config
-from .base import Built, NamedModel, TaskSpec
+from ..schema import setting, signature_config, suggest
+from ..registry import register_task
+from .base import Built, NamedModel, Quality, TaskSpec
 
 
 @dataclass
@@ -65,7 +67,7 @@ def model_config(raw: dict) -> NamedModel:
     name = raw.pop("name", None)
     if name not in MODELS:
         raise ConfigError(f"model.name: {name!r} is not a known model; choose one of {sorted(MODELS)}."
-                          + (_suggest(str(name), MODELS) if name else ""))
+                          + (suggest(str(name), MODELS) if name else ""))
     ctor = MODELS[name]
     return NamedModel(name, signature_config(ctor.__init__ if isinstance(ctor, type) else ctor, raw, "model"))
 
@@ -92,7 +94,6 @@ def _device_loaders(d: DataConfig, data, seed: int, device):
 
 
 def _build_imagefolder(recipe, runtime) -> Built:
-    from ..data.imagefolder import ImageFolder, RandomResizedCrop, ResizeCenterCrop
     d: DataConfig = recipe.data
     if d.loader != "dataloader":
         raise ConfigError("data.dataset=imagefolder decodes images in DataLoader workers: use data.loader=dataloader")
@@ -140,5 +141,7 @@ def build(recipe, runtime) -> Built:
                        "params": sum(p.numel() for p in model.parameters())})
 
 
-SPEC = TaskSpec(name="image_classification", description="CIFAR-10 or an image folder, with the reference conv nets",
-                data_config=DataConfig, model_config=NamedModel, parse_model=model_config, build=build)
+SPEC = register_task(TaskSpec(
+    name="image_classification", description="CIFAR-10 or an image folder, with the reference conv nets",
+    data_config=DataConfig, model_config=NamedModel, parse_model=model_config, build=build,
+    quality=Quality("val/acc", "max")))

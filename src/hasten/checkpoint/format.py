@@ -1,0 +1,216 @@
+"""What a checkpoint holds, and how a training state goes into one and comes back.
+
+A checkpoint holds the model, optimizers, schedulers, grad scaler, algorithm and callback
+state, the timestamp and every random number generator. Tensors are saved with `torch.save`
+and read back with `weights_only=True`, so loading never runs code from the file; everything
+else (counters, numpy and Python RNG states, metadata) goes in a JSON string inside it.
+
+Two layouts, one payload: a whole checkpoint is one file `epE-baB.pt` (hasten.checkpoint.whole);
+a sharded one is a folder `epE-baB.dcp` whose model and optimizer tensors are written by every
+rank through torch.distributed.checkpoint and whose rest is `rest.pt` (hasten.checkpoint.sharded).
+This module knows the payload and the names; it writes nothing and imports neither writer.
+"""
+from __future__ import annotations
+
+import json
+import random
+import re
+import warnings
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from .. import __version__
+from ..distributed import fsdp
+from ..distributed.tensors import gather_whole, local_tensors
+from ..errors import CheckpointError, first_line
+
+FORMAT = 1
+REST = "rest.pt"          # a sharded checkpoint's payload without its model and optimizer tensors
+NAME = re.compile(r"^ep(\d+)-ba(\d+)\.(pt|dcp)$")
+
+
+# ---------------------------------------------------------------------------- names
+def checkpoint_name(state) -> str:
+    return f"ep{state.timestamp.epoch}-ba{state.timestamp.batch}.pt"
+
+
+def list_checkpoints(folder) -> list[Path]:
+    """Checkpoints in a folder, oldest first (by batch count)."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        return []
+    found = []
+    for p in folder.iterdir():
+        m = NAME.match(p.name)
+        if m and not p.is_symlink() and (p.is_file() if m.group(3) == "pt" else p.is_dir()):   # .dcp: a folder
+            found.append((int(m.group(2)), p))
+    return [p for _, p in sorted(found)]
+
+
+# ---------------------------------------------------------------------------- reading
+def check_payload(payload, path, sharded: bool = False) -> dict:
+    """The payload read from `path`, if it is one of this format; else a CheckpointError."""
+    what = "a hasten sharded checkpoint" if sharded else "a hasten checkpoint"
+    if not isinstance(payload, dict) or payload.get("format") != FORMAT or "meta" not in payload \
+            or (sharded and not payload.get("sharded")):
+        raise CheckpointError(f"{path} is not {what} (format {FORMAT})")
+    return payload
+
+
+def load_rest(path) -> dict:
+    """A sharded checkpoint's payload, its model and optimizer tensors still placeholders
+    (`hasten.checkpoint.sharded.restore_tensors` reads them into the run's model)."""
+    path = Path(path)
+    try:
+        payload = torch.load(path / REST, map_location="cpu", weights_only=True)
+    except Exception as e:
+        raise CheckpointError(f"cannot read checkpoint {path}: {type(e).__name__}: {first_line(e)}. The folder is "
+                              "incomplete, corrupt or not a hasten checkpoint; load an earlier checkpoint") from e
+    payload = check_payload(payload, path, sharded=True)
+    payload["sharded_path"] = str(path)
+    return payload
+
+
+# ---------------------------------------------------------------------------- capture
+def _rng_state() -> tuple[dict, dict]:
+    tensors = {"torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        tensors["cuda"] = torch.cuda.get_rng_state_all()
+    np_state = np.random.get_state()
+    py_state = random.getstate()
+    meta = {"numpy": [np_state[0], np_state[1].tolist(), int(np_state[2]), int(np_state[3]), float(np_state[4])],
+            "python": [py_state[0], list(py_state[1]), py_state[2]]}
+    return tensors, meta
+
+
+def _set_rng_state(tensors: dict, meta: dict) -> None:
+    torch.set_rng_state(tensors["torch"])
+    if "cuda" in tensors and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(tensors["cuda"])
+    n = meta["numpy"]
+    np.random.set_state((n[0], np.array(n[1], dtype=np.uint32), n[2], n[3], n[4]))
+    p = meta["python"]
+    random.setstate((p[0], tuple(p[1]), p[2]))
+
+
+def keyed(objs) -> dict:
+    """Name objects by class, with a suffix for repeats: {'EMA': ema, 'Checkpoint': cb, ...}."""
+    out, seen = {}, {}
+    for o in objs:
+        base = getattr(o, "name", None) or type(o).__name__
+        if not isinstance(base, str):
+            base = type(o).__name__
+        n = seen.get(base, 0)
+        seen[base] = n + 1
+        out[base if n == 0 else f"{base}.{n}"] = o
+    return out
+
+
+def _check_finite_weights(model: torch.nn.Module) -> None:
+    params = local_tensors([p.detach() for p in model.parameters() if p.is_floating_point()])
+    params = [p for p in params if p.numel()]
+    if params and not bool(torch.stack([torch.isfinite(p).all() for p in params]).all()):
+        bad = [n for n, p in model.named_parameters() if p.is_floating_point() and not torch.isfinite(local_tensors([p])[0]).all()]
+        raise CheckpointError(f"refusing to write a checkpoint: non-finite values in {bad[:5]}")
+
+
+def capture(state, extra_meta: dict | None = None, whole: bool = True) -> dict:
+    """Everything needed to resume, as a payload for a CheckpointIO. With a sharded model (FSDP)
+    a collective that every rank calls: the model and the optimizers' state are gathered
+    whole, as ordinary tensors, on rank 0 (`optimizer_style` 'names': their state keyed by
+    parameter names), so the file loads at any world size and into an unsharded model. With
+    `whole=False` (a sharded CheckpointIO) the model's and optimizer's shards are kept as they
+    are, each rank holding its own."""
+    _check_finite_weights(state.model)
+    rng_tensors, rng_meta = _rng_state()
+    sharded = state.runtime.world.sharded
+    meta = {"hasten_version": __version__, "timestamp": state.timestamp.state_dict(),
+            "rng": rng_meta, "last_checkpoint": state.last_checkpoint,
+            "optimizers": [type(o).__name__ for o in state.optimizers],
+            "optimizer_style": "names" if sharded else "ids"}
+    if extra_meta:
+        meta.update(extra_meta)
+    if sharded and not whole:
+        from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
+        model = get_model_state_dict(state.model)
+        optimizers = [get_optimizer_state_dict(state.model, o) for o in state.optimizers]
+    elif sharded:
+        model = fsdp.model_state(state.model)
+        optimizers = [fsdp.optimizer_state(state.model, o) for o in state.optimizers]
+    else:
+        model, optimizers = state.model.state_dict(), [o.state_dict() for o in state.optimizers]
+    return {
+        "format": FORMAT,
+        "model": model,
+        "optimizers": optimizers,
+        "schedulers": [s.state_dict() if hasattr(s, "state_dict") else {} for s in state.schedulers],
+        "scaler": state.scaler.state_dict() if state.scaler is not None else {},
+        "algorithms": {k: gather_whole(a.state_dict()) for k, a in keyed(state.algorithms).items()},
+        "callbacks": {k: c.state_dict() for k, c in keyed(state.callbacks).items()},
+        "rng": rng_tensors,
+        "meta": json.dumps(meta),
+    }
+
+
+# ---------------------------------------------------------------------------- restore
+def check_optimizers(state, payload: dict, meta: dict) -> None:
+    """The checkpoint holds as many optimizers as the run, of the same classes."""
+    if len(payload["optimizers"]) != len(state.optimizers):
+        raise CheckpointError(f"the checkpoint has {len(payload['optimizers'])} optimizers, "
+                              f"this trainer {len(state.optimizers)}")
+    saved_types = meta.get("optimizers")   # absent in checkpoints written before hasten recorded them
+    for i, opt in enumerate(state.optimizers):
+        if saved_types is not None and saved_types[i] != type(opt).__name__:
+            raise CheckpointError(f"the checkpoint's optimizer {i} is {saved_types[i]}, this run's is "
+                                  f"{type(opt).__name__}: its state cannot be loaded; use the optimizer the "
+                                  "checkpoint was trained with")
+
+
+def restore_whole_tensors(state, payload: dict, meta: dict, strict: bool = True) -> None:
+    """The model's and optimizers' state from a whole checkpoint (into a sharded model too:
+    every rank read the same file)."""
+    sharded, by_names = state.runtime.world.sharded, meta.get("optimizer_style") == "names"
+    try:
+        if sharded:
+            fsdp.load_model_state(state.model, payload["model"])
+        else:
+            state.model.load_state_dict(payload["model"], strict=strict)
+    except (RuntimeError, KeyError, ValueError) as e:
+        raise CheckpointError(f"the checkpoint's model does not match this model: {first_line(e)}") from e
+    if sharded and not by_names:
+        raise CheckpointError("this checkpoint was written without sharding (optimizer state keyed by position); "
+                              "resume it with trainer.parallelism=ddp or none, or start a sharded run from its "
+                              "weights alone")
+    check_optimizers(state, payload, meta)
+    saved_types = meta.get("optimizers")   # absent in checkpoints written before hasten recorded them
+    for i, (opt, sd) in enumerate(zip(state.optimizers, payload["optimizers"])):
+        try:
+            if by_names:   # written by a sharded run: state keyed by parameter names
+                fsdp.load_optimizer_state(state.model, opt, sd)
+            else:
+                opt.load_state_dict(sd)
+        except (ValueError, KeyError, RuntimeError) as e:
+            raise CheckpointError(f"the checkpoint's state for optimizer {i} ({saved_types[i] if saved_types else '?'}) "
+                                  f"does not fit this run's {type(opt).__name__}: {e}") from e
+
+
+def restore_rest(state, payload: dict, meta: dict) -> dict:
+    """Schedulers, scaler, algorithms, callbacks, the clock and the generators."""
+    for sch, sd in zip(state.schedulers, payload["schedulers"]):
+        if hasattr(sch, "load_state_dict") and sd:
+            sch.load_state_dict(sd)
+    if state.scaler is not None and payload["scaler"]:
+        state.scaler.load_state_dict(payload["scaler"])
+    for group, objs in (("algorithms", state.algorithms), ("callbacks", state.callbacks)):
+        saved = payload[group]
+        for key, obj in keyed(objs).items():
+            if key in saved:
+                obj.load_state_dict(saved[key])
+            elif obj.state_dict():
+                warnings.warn(f"checkpoint has no state for {group[:-1]} {key}; it starts fresh")
+    state.timestamp.load_state_dict(meta["timestamp"])
+    state.checked_batch = state.timestamp.batch
+    _set_rng_state(payload["rng"], meta["rng"])
+    return meta

@@ -1,0 +1,59 @@
+"""Saving a training state, restoring one, and finding the newest checkpoint to resume from.
+
+`save` and `restore` work on a `State` through a CheckpointIO (whole file or sharded folder);
+`load_latest` finds the newest checkpoint of a folder that loads, skipping damaged ones.
+"""
+from __future__ import annotations
+
+import json
+import os
+import warnings
+from pathlib import Path
+
+from ..errors import CheckpointError
+from .format import capture, list_checkpoints, restore_rest, restore_whole_tensors
+from .sharded import restore_tensors
+from .whole import CheckpointIO
+
+
+def save(state, path: "str | os.PathLike", io: CheckpointIO, extra_meta: dict | None = None,
+         write: bool = True) -> str:
+    """Write a checkpoint of `state` to `path` and record it as the last good one. Raises
+    NonFiniteLossError first if a loss since the last check was NaN/Inf: bad weights are
+    never saved. With a sharded model every rank calls it (the state is gathered) and only
+    the one with `write` (rank 0) writes the file."""
+    state.read_train_loss(reset=False)
+    gathers = getattr(io, "gathers", True)
+    payload = capture(state, extra_meta, whole=gathers)
+    if write or not gathers:   # a sharded IO's save is a collective: every rank writes its shards
+        io.save(payload, path)
+    state.last_checkpoint = str(path)
+    return str(path)
+
+
+def restore(state, payload: dict, strict: bool = True) -> dict:
+    """Load a payload (whole or sharded) into the state; returns the metadata."""
+    meta = json.loads(payload["meta"])
+    if payload.get("sharded_path"):   # a sharded checkpoint: read its shards into this run's tensors
+        restore_tensors(state, payload, meta)
+    else:
+        restore_whole_tensors(state, payload, meta, strict)
+    return restore_rest(state, payload, meta)
+
+
+def load_latest(folder: "str | os.PathLike", io: CheckpointIO | None = None) -> tuple[Path, dict] | None:
+    """(path, payload) of the newest checkpoint in `folder` that loads; unreadable ones are
+    skipped with a warning."""
+    io = io or CheckpointIO()
+    for p in reversed(list_checkpoints(folder)):
+        try:
+            return p, io.load(p)
+        except CheckpointError as e:
+            warnings.warn(f"skipping unreadable checkpoint: {e}")
+    return None
+
+
+def find_latest(folder: "str | os.PathLike", io: CheckpointIO | None = None) -> Path | None:
+    """The newest checkpoint in `folder` that loads."""
+    found = load_latest(folder, io)
+    return found[0] if found else None

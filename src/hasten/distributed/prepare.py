@@ -1,0 +1,120 @@
+"""Preparing a model to train, in the one order that works at every parallelism:
+
+1. the model goes to the run's device;
+2. INIT: algorithms change the model (surgery), callbacks observe;
+3. algorithms that cannot run data-parallel are refused, with their reasons;
+4. FSDP: the model is sharded (its parameters become DTensors);
+5. the optimizers and schedulers are built (from factories: they hold the parameters as they
+   will train), and fp16-mixed gets its gradient scaler;
+6. DDP: the model is wrapped (after the optimizers: DDP keeps the parameters), with
+   SyncBatchNorm first when asked;
+7. torch.compile, when asked.
+
+`prepare` returns what the loop calls: the training forward, the evaluation forward, and the
+switch that reduces gradients across ranks on the last micro-batch only.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+
+from ..core.algorithm import parallel_refusal_message
+from ..core.event import Event
+from .fsdp import FSDPOptions, shard_model
+
+
+@dataclass(frozen=True)
+class ParallelOptions:
+    """How the model is wrapped under data parallelism (the world itself is the runtime's).
+
+    sync_batchnorm: under ddp, normalise batch-norm layers over the whole global batch
+        (torch.nn.SyncBatchNorm, CUDA only in torch 2.13) instead of each rank's share.
+    fsdp: under parallelism 'fsdp', FSDPOptions (or a dict of its fields); default FSDPOptions().
+    """
+    sync_batchnorm: bool = False
+    fsdp: "FSDPOptions | dict | None" = None
+
+
+@dataclass
+class Prepared:
+    """The model as the loop calls it."""
+    forward_model: Any                          # the training forward: the model, DDP-wrapped, compiled or not
+    eval_model: Any                             # evaluation: DDP's inner module (no collectives), else the above
+    grad_sync: Callable[[bool], None] | None    # data parallel: reduce gradients on this micro-batch or not
+
+
+def prepare(state, engine, parallel: ParallelOptions, optimizers: Any = None, schedulers: Any = None,
+            compile: "bool | dict" = False) -> Prepared:
+    """Steps 1-7 of the module docstring on `state` (its model, optimizers, schedulers and scaler
+    are set); `engine` fires INIT."""
+    runtime = state.runtime
+    world, device = runtime.world, runtime.device
+    if parallel.fsdp and not world.sharded:
+        raise ValueError("fsdp options were given but the run is not sharded: set parallelism=fsdp "
+                         "(trainer.parallelism=fsdp) or leave the fsdp options out")
+    if parallel.sync_batchnorm and world.sharded:
+        raise ValueError("sync_batchnorm is for parallelism=ddp; under fsdp each rank normalises its own "
+                         "share (ghost batch norm of the per-rank batch)")
+    state.model = state.model.to(device)
+    engine.run(Event.INIT)
+    if world.data_parallel:
+        refused = parallel_refusal_message(state.algorithms, world.parallelism)
+        if refused:
+            raise ValueError(refused)
+    if world.sharded:
+        shard_model(state.model, device, world.size, runtime.precision, FSDPOptions.of(parallel.fsdp))
+    state.optimizers = build_optimizers(state.model, optimizers)
+    state.schedulers = build_schedulers(schedulers, state.optimizers)
+    if runtime.precision == "fp16-mixed":
+        state.scaler = torch.amp.GradScaler(device.type)
+    model = state.model
+    ddp, grad_sync = None, (model.set_requires_gradient_sync if world.sharded else None)
+    if world.parallelism == "ddp":
+        if parallel.sync_batchnorm:
+            if device.type != "cuda":
+                raise ValueError("sync_batchnorm needs CUDA (torch's SyncBatchNorm refuses CPU tensors); on the "
+                                 "CPU each rank normalises its own share, which is ghost batch norm of the "
+                                 "per-rank batch: leave sync_batchnorm off")
+            model = state.model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)   # same parameters
+        from torch.nn.parallel import DistributedDataParallel
+        options = {k: v for a in state.algorithms for k, v in a.ddp_options().items()}
+        ddp = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None, **options)
+        grad_sync = lambda sync: setattr(ddp, "require_backward_grad_sync", sync)   # noqa: E731  what no_sync() sets
+    forward_model = (ddp or model) if not compile else torch.compile(ddp or model, **(compile if isinstance(compile, dict) else {}))
+    state.forward_model = forward_model
+    # DDP: evaluate the module inside (no collectives in evaluation); FSDP: the sharded model
+    # itself (its forward gathers parameters: every rank runs every evaluation batch)
+    return Prepared(forward_model=forward_model, eval_model=model if ddp is not None else forward_model,
+                    grad_sync=grad_sync)
+
+
+def build_optimizers(model: torch.nn.Module, optimizers: Any) -> list:
+    """The optimizers as a list: given, or built by a factory `f(model)`; default AdamW(lr=1e-3).
+    Each must hold only the model's own parameters."""
+    if optimizers is None:
+        optimizers = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    elif callable(optimizers) and not isinstance(optimizers, torch.optim.Optimizer):
+        optimizers = optimizers(model)
+    opts = list(optimizers) if isinstance(optimizers, (list, tuple)) else [optimizers]
+    owned = {id(p) for p in model.parameters()}
+    for opt in opts:
+        for g in opt.param_groups:
+            for p in g["params"]:
+                if id(p) not in owned:
+                    raise ValueError(
+                        "an optimizer holds a parameter that is not in the model (was the model "
+                        "changed after the optimizer was built?). Pass a factory, "
+                        "optimizers=lambda model: torch.optim.SGD(model.parameters(), ...), "
+                        "so it is built after model surgery.")
+    return opts
+
+
+def build_schedulers(schedulers: Any, optimizers: list) -> list:
+    """The schedulers as a list; a factory `f(optimizer)` is called with the first optimizer."""
+    if schedulers is None:
+        return []
+    items = list(schedulers) if isinstance(schedulers, (list, tuple)) else [schedulers]
+    return [s(optimizers[0]) if callable(s) and not hasattr(s, "step") and not hasattr(s, "apply") else s
+            for s in items]
