@@ -231,7 +231,7 @@ def p_unwritable(d: Path):
 
 
 # ---------------------------------------------------------------------------- signals and resume
-@probe("SIGTERM to hasten train, then the printed command", "checkpoint, exit 0; the resumed run ends as an uninterrupted one")
+@probe("SIGTERM to hasten train, then the printed command", "checkpoint, exit 143; the resumed run ends as an uninterrupted one")
 def p_sigterm(d: Path):
     args = ["tiny.yaml", "trainer.max_duration=1200ba", "trainer.eval_interval=600ba", "--no-progress"]
     straight = hasten("train", *args, "trainer.run_dir=S0", cwd=d)
@@ -242,7 +242,7 @@ def p_sigterm(d: Path):
     cmd = out.split("Resume with: ")[-1].split()
     resumed = hasten(*cmd[1:], cwd=d)
     final = lambda r: [ln for ln in r.stdout.splitlines() if ln.startswith("final ")]
-    ok = proc.returncode == 0 and cmd[:3] == ["hasten", "train", "--resume"] and final(resumed) == final(straight) != []
+    ok = proc.returncode == 143 and cmd[:3] == ["hasten", "train", "--resume"] and final(resumed) == final(straight) != []
     return ok, f"exit {proc.returncode}; `{' '.join(cmd)}`; {final(resumed)} vs straight {final(straight)}"
 
 
@@ -459,6 +459,275 @@ def p_bench_failed(d: Path):
     rep = json.loads(text, parse_constant=lambda c: (_ for _ in ()).throw(ValueError(c)))
     ok = r.returncode == 1 and rep["failed"] and "missing.txt" in (rep["failed"][0]["error"] or "")
     return ok, f"exit {r.returncode}; failed: {rep['failed'][0]['error'][:100] if rep['failed'] else None}"
+
+
+# ---------------------------------------------------------------------------- round two (issue 37)
+TRAIN = ["tiny.yaml", "trainer.max_duration=20ba", "--no-progress"]
+
+
+def _trained(d: Path, name: str = "R", *extra) -> Path:
+    r = hasten("train", *TRAIN, *extra, f"trainer.run_dir={name}", cwd=d)
+    assert r.returncode == 0, r.stderr[-300:]
+    return d / name
+
+
+@probe("2.1 `hasten compress R --out notes.txt` with notes.{txt,md,json} of the user's; `--out R/checkpoints/ep0-ba20.pt`",
+       "refused in one line; the user's files and the checkpoint unchanged")
+def p2_compress_out(d: Path):
+    run = _trained(d)
+    for n in ("notes.txt", "notes.md", "notes.json"):
+        (d / n).write_text("mine")
+    ckpt = next((run / "checkpoints").glob("ep*.pt"))
+    before = snapshot(d)
+    r1 = hasten("compress", "R", "--prune", "0.5", "--no-latency", "--out", "notes.txt", cwd=d)
+    r2 = hasten("compress", "R", "--prune", "0.5", "--no-latency", "--out", str(ckpt), cwd=d)
+    (ok1, g1), (ok2, g2) = one_line(r1), one_line(r2)
+    return ok1 and ok2 and snapshot(d) == before, f"{g1}; {g2}"
+
+
+@probe("2.2 compress twice with --finetune-lr 3.0, then 0.01", "two artifacts under two names; neither replaced")
+def p2_compress_settings(d: Path):
+    _trained(d)
+    rs = [hasten("compress", "R", "--prune", "0.5", "--finetune", "4ba", "--finetune-lr", lr, "--no-latency", cwd=d)
+          for lr in ("3.0", "0.01")]
+    names = sorted(p.name for p in (d / "R" / "compressed").glob("*.hasten"))
+    return all(r.returncode == 0 for r in rs) and len(names) == 2, f"artifacts {names}"
+
+
+@probe("2.3 a folder holding the user's metrics.jsonl as trainer.run_dir, with trainer.load_path",
+       "refused in one line before training; the user's file unchanged")
+def p2_user_metrics(d: Path):
+    run = _trained(d)
+    (d / "mine").mkdir()
+    (d / "mine" / "metrics.jsonl").write_text('not JSON\n{"step": 99}\n')
+    before = snapshot(d / "mine")
+    r = hasten("train", *TRAIN, "trainer.run_dir=mine", f"trainer.load_path={next((run / 'checkpoints').glob('ep*.pt'))}",
+               cwd=d)
+    ok, got = one_line(r)
+    return ok and snapshot(d / "mine") == before, got
+
+
+@probe("2.4 `hasten bench` rerun with other shared overrides (20ba, lr 0.05 after 10ba)",
+       "refused in one line naming the difference; the old runs not reported as the new ones")
+def p2_bench_identity(d: Path):
+    first = hasten("bench", "tiny.yaml", "trainer.max_duration=10ba", "--seeds", "1", "--out", "b", "--name", "x", cwd=d)
+    r = hasten("bench", "tiny.yaml", "trainer.max_duration=20ba", "optimizer.lr=0.05", "--seeds", "1", "--out", "b",
+               "--name", "x", cwd=d)
+    ok, got = one_line(r)
+    return first.returncode == 0 and ok and "max_duration: '10ba' -> '20ba'" in r.stderr, got
+
+
+@probe("2.5 `hasten train --resume R optimizer.lr=0.5 --force`", "the logged learning rate after the resume is 0.5")
+def p2_forced_lr(d: Path):
+    _trained(d, "R", "schedule.name=constant", "schedule.warmup=0ba", "trainer.log_interval=10ba")
+    r = hasten("train", "--resume", "R", "optimizer.lr=0.5", "trainer.max_duration=30ba", "--force", "--no-progress", cwd=d)
+    lrs = {row["step"]: row["train/lr"] for row in map(json.loads, (d / "R" / "metrics.jsonl").read_text().splitlines())
+           if "train/lr" in row}
+    return r.returncode == 0 and lrs.get(30) == 0.5, f"exit {r.returncode}; lr by step {lrs}"
+
+
+@probe("2.6 a masked-LM-like batch (targets mostly -100)", "val/loss and the step's loss equal F.cross_entropy(ignore_index=-100)")
+def p2_ignore_index(d: Path):
+    r = python("""
+        import torch, torch.nn.functional as F
+        from hasten import Trainer
+        torch.manual_seed(0)
+        x = torch.randint(0, 11, (12, 5)); y = torch.randint(0, 11, (12, 5)); y[:, 1:] = -100
+        m = torch.nn.Sequential(torch.nn.Embedding(11, 6), torch.nn.Linear(6, 11))
+        true = F.cross_entropy(m(x).flatten(0, 1), y.flatten(), ignore_index=-100).item()
+        t = Trainer(m, [(x, y)], eval_dataloader=[(x, y)], max_duration="1ba", device="cpu", grad_accum=3,
+                    optimizers=lambda m: torch.optim.SGD(m.parameters(), lr=0.0), log_interval="1ba")
+        t.fit()
+        print(true, t.logger.latest["train/loss"], t.state.eval_metrics["val/loss"])
+    """, d)
+    true, train, val = map(float, r.stdout.split())
+    return abs(train - true) < 1e-5 and abs(val - true) < 1e-5, f"true {true:.4f}, train/loss {train:.4f}, val/loss {val:.4f}"
+
+
+@probe("2.7 `hasten bench --target 'val/los<=4'` (a metric no run logs)", "one-line error before any run, naming what is logged")
+def p2_bench_metric(d: Path):
+    r = hasten("bench", "tiny.yaml", "--target", "val/los<=4", "--out", "b", cwd=d)
+    ok, got = one_line(r)
+    return ok and "val/loss" in r.stderr and not (d / "b").exists(), got
+
+
+@probe("2.8 `hasten bench X X --seeds 1`", "'1 seed: no interval', never a zero-width interval")
+def p2_one_seed(d: Path):
+    r = hasten("bench", "tiny.yaml", "tiny.yaml", "trainer.max_duration=10ba", "--seeds", "1", "--out", "b", cwd=d)
+    return r.returncode == 0 and "1 seed: no interval" in r.stdout, next(
+        (ln for ln in r.stdout.splitlines() if "no interval" in ln), r.stderr[-150:])[:150]
+
+
+@probe("2.9 SIGTERM to hasten train, then `&& next`", "checkpoint written, exit 143: the next command does not run")
+def p2_sigterm_exit(d: Path):
+    proc = popen("train", "tiny.yaml", "trainer.max_duration=100000ba", "--no-progress", "trainer.run_dir=T", cwd=d)
+    wait_for_step(d / "T", 20, proc)
+    os.kill(proc.pid, signal.SIGTERM)
+    proc.communicate(timeout=120)
+    saved = list((d / "T" / "checkpoints").glob("ep*.pt"))
+    return proc.returncode == 143 and bool(saved), f"exit {proc.returncode}; checkpoint {[p.name for p in saved]}"
+
+
+@probe("2.10 `hasten train ... data.batch_size=1 --nproc 2`, then Ctrl-C to a second such launch",
+       "the first ends (no deadlock); Ctrl-C leaves no worker behind and the run folder unlocked")
+def p2_small_global_batch(d: Path):
+    r = hasten("train", *TRAIN, "data.batch_size=1", "trainer.run_dir=N", "--nproc", "2", cwd=d, timeout=240)
+    proc = popen("train", "tiny.yaml", "trainer.max_duration=100000ba", "--no-progress", "trainer.run_dir=M", "--nproc", "2",
+                 cwd=d)
+    wait_for_step(d / "M", 20, proc, timeout=180)
+    os.kill(proc.pid, signal.SIGINT)
+    proc.communicate(timeout=120)
+    time.sleep(1)
+    left = subprocess.run(["pgrep", "-f", "run_dir=M"], capture_output=True, text=True).stdout.split()
+    again = hasten("train", "--resume", "M", "trainer.max_duration=40ba", "--no-progress", cwd=d)
+    ok = r.returncode == 0 and not left and "in use" not in again.stderr
+    return ok, f"first exit {r.returncode}; Ctrl-C exit {proc.returncode}; workers left {left}; resume exit {again.returncode}"
+
+
+@probe("2.11 a Trainer over a loader with no batches (drop_last, 5 samples, batch 8)", "an error naming the loader, at once")
+def p2_empty_loader(d: Path):
+    r = python("""
+        import torch
+        from hasten import Trainer
+        from torch.utils.data import DataLoader, TensorDataset
+        dl = DataLoader(TensorDataset(torch.randn(5, 8), torch.zeros(5, dtype=torch.long)), batch_size=8, drop_last=True)
+        try:
+            Trainer(torch.nn.Linear(8, 4), dl, max_duration="20ba", device="cpu", save_folder="ck").fit()
+        except Exception as e:
+            print(type(e).__name__, e)
+    """, d, timeout=60)
+    left = list((d / "ck").glob("ep*")) if (d / "ck").exists() else []
+    return r.stdout.startswith("TrainingError") and "drop_last True" in r.stdout and not left, r.stdout.strip()[:150]
+
+
+@probe("2.12 a recipe with a YAML alias bomb in description:", "one-line error in seconds, no memory blow-up")
+def p2_alias_bomb(d: Path):
+    lines = ["base: shakespeare-char-baseline", 'a0: &a0 ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]']
+    lines += [f"a{i}: &a{i} [" + ", ".join([f"*a{i - 1}"] * 9) + "]" for i in range(1, 9)] + ["description: *a8"]
+    (d / "bomb.yaml").write_text("\n".join(lines) + "\n")
+    t0 = time.perf_counter()
+    r = hasten("train", "bomb.yaml", "--no-progress", cwd=d, timeout=60)
+    ok, got = one_line(r)
+    return ok and time.perf_counter() - t0 < 30, got
+
+
+@probe("2.13 `hasten train ... | head -n 3`", "training goes on to its end; checkpoint written; a line on stderr")
+def p2_closed_stdout(d: Path):
+    proc = subprocess.Popen([sys.executable, "-m", "hasten.cli", "train", *TRAIN, "trainer.run_dir=P"], cwd=d,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    for _ in range(2):
+        proc.stdout.readline()
+    proc.stdout.close()
+    err = proc.stderr.read()
+    code = proc.wait(timeout=120)
+    ok = code == 0 and (d / "P" / "checkpoints" / "ep0-ba20.pt").is_file() and "standard output was closed" in err
+    return ok, f"exit {code}; {err.strip()[:120]}"
+
+
+@probe("2.14 Ctrl-C while hasten imports; SIGTERM while a run is set up", "one line, no traceback; no half-made run folder")
+def p2_early_signals(d: Path):
+    proc = subprocess.Popen(["hasten", "recipes"], cwd=d, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(0.3)
+    proc.send_signal(signal.SIGINT)
+    _, err1 = proc.communicate(timeout=60)
+    (d / "big.txt").write_text("To be, or not to be, that is the question.\n" * 500000)
+    proc = subprocess.Popen([sys.executable, "-m", "hasten.cli", "train", *TRAIN, "data.source=big.txt",
+                             "trainer.run_dir=S/run"], cwd=d, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 60
+    while not (d / "S" / "run" / ".hasten.lock").exists() and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGTERM)
+    _, err2 = proc.communicate(timeout=120)
+    ok = "Traceback" not in err1 + err2 and len(err1.strip().splitlines()) <= 1 and not (d / "S").exists()
+    return ok, f"Ctrl-C: {err1.strip()[:60]!r}; SIGTERM exit {proc.returncode}, folder left: {(d / 'S').exists()}"
+
+
+for _value, _needle in (("trainer.eval_interval=0ba", "interval"), ("data.token_dtype=float7", "token_dtype"),
+                        ("algorithms.ema=5", "not a section"), ("trainer.device=cuda", "not available"),
+                        ("optimizer.lr_multipliers={'*.bias': fast}", "expected a number")):
+    def _mk15(value=_value, needle=_needle):
+        def fn(d: Path):
+            r = hasten("train", *TRAIN, value, "trainer.run_dir=V", cwd=d)
+            ok, got = one_line(r)
+            return ok and needle in r.stderr and r.returncode == 2 and not (d / "V").exists(), got
+        return fn
+    probe(f"2.15 `{_value}`", "one-line error naming the key and what is allowed, before data loads; nothing written")(_mk15())
+
+
+@probe("2.15 token ids beyond the vocabulary; `hasten bench --eval-every 0ba`", "one-line errors naming the file or the option")
+def p2_token_range(d: Path):
+    import numpy as np
+    np.arange(300, dtype=np.uint16).tofile(d / "t.bin")
+    r1 = hasten("train", *TRAIN, "data.tokenizer=none", "data.train_file=t.bin", "data.val_file=t.bin", "model.vocab_size=256",
+                "trainer.run_dir=W", cwd=d)
+    r2 = hasten("bench", "tiny.yaml", "--eval-every", "0ba", "--out", "b", cwd=d)
+    (ok1, g1), (ok2, g2) = one_line(r1), one_line(r2)
+    return ok1 and ok2 and "t.bin" in r1.stderr and not (d / "W").exists(), f"{g1}; {g2}"
+
+
+@probe("2.16 a checkpoint of a newer format; a model that no longer fits its checkpoint",
+       "one message each: what was found, what was expected, what to do")
+def p2_checkpoint_messages(d: Path):
+    import torch
+    run = _trained(d)
+    ckpt = next((run / "checkpoints").glob("ep*.pt"))
+    r1 = hasten("train", *TRAIN, "model.n_embd=32", "trainer.run_dir=X", f"trainer.load_path={ckpt}", cwd=d)
+    payload = torch.load(ckpt, weights_only=True)
+    payload["format"] = 2
+    torch.save(payload, ckpt)
+    r2 = hasten("train", "--resume", "R", "trainer.max_duration=30ba", "--no-progress", cwd=d)
+    (ok1, g1), (ok2, g2) = one_line(r1), one_line(r2)
+    ok = ok1 and ok2 and "is [" in r1.stderr and "newer hasten" in r2.stderr and "beginning" not in r2.stdout
+    return ok, f"{g1[:80]}; {g2[:80]}"
+
+
+@probe("2.17 --resume after every checkpoint was deleted; SIGKILL during compress, then compress again",
+       "each step logged once; the killed compress's temporary removed")
+def p2_resume_and_temporaries(d: Path):
+    run = _trained(d)
+    for p in (run / "checkpoints").glob("ep*.pt"):
+        p.unlink()
+    r = hasten("train", "--resume", "R", "--no-progress", cwd=d)
+    rows = [json.loads(ln) for ln in (run / "metrics.jsonl").read_text().splitlines()]
+    keys = [(row["step"], k) for row in rows for k in row if k != "step"]
+    proc = popen("compress", "R", "--prune", "0.5", "--no-latency", cwd=d)
+    deadline = time.time() + 120
+    while time.time() < deadline and not list((run / "compressed").glob(".*.tmp")) if (run / "compressed").exists() else True:
+        if proc.poll() is not None:
+            break
+        time.sleep(0.005)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    torn = [p.name for p in (run / "compressed").glob(".*.tmp")] if (run / "compressed").exists() else []
+    again = hasten("compress", "R", "--prune", "0.5", "--no-latency", cwd=d)
+    left = [p.name for p in (run / "compressed").glob(".*.tmp")]
+    ok = r.returncode == 0 and len(keys) == len(set(keys)) and again.returncode == 0 and not left
+    return ok, f"steps once: {len(keys) == len(set(keys))}; torn temporaries {torn}; left after {left}"
+
+
+@probe("2.18 EMA whose average is worse than the trained weights (a short BN run)",
+       "the better weights kept and said; without an evaluation set, what was put in is said")
+def p2_ema_worse(d: Path):
+    r = python("""
+        import warnings, torch
+        from hasten import Trainer
+        from hasten.algorithms import EMA
+        torch.manual_seed(0)
+        x = torch.randn(256, 8); y = (x @ torch.randn(8, 4)).argmax(1)
+        data = [(x[i:i + 32], y[i:i + 32]) for i in range(0, 256, 32)]
+        for ev in (data, None):
+            torch.manual_seed(0)
+            net = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.BatchNorm1d(16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+            with warnings.catch_warnings(record=True) as w:
+                warnings.simplefilter("always")
+                t = Trainer(net, data, eval_dataloader=ev, max_duration="16ba", eval_interval="16ba", device="cpu",
+                            algorithms=[EMA(decay=0.9)], optimizers=lambda m: torch.optim.SGD(m.parameters(), lr=0.5))
+                t.fit()
+            print([str(m.message) for m in w if "ema" in str(m.message)])
+    """, d)
+    lines = r.stdout.strip().splitlines()
+    ok = len(lines) == 2 and "kept" in lines[0] and "untested" in lines[1]
+    return ok, "; ".join(lines)[:150] or r.stderr[-150:]
 
 
 def main() -> int:

@@ -58,6 +58,21 @@ def test_two_processes_equal_one_with_the_same_global_batch(tmp_path, model, gra
         assert two["eval"]["val/acc"] == one["eval"]["val/acc"]
 
 
+@pytest.mark.parametrize("model", ["gpt-b1", "gpt-masked"])
+def test_an_empty_share_and_ignored_targets_train_as_one_process(tmp_path, model):
+    """A global batch smaller than the world (one window, two ranks: the second's share is
+    empty) trains, logs, evaluates and ends as one process does, every collective joined; and
+    targets that are mostly the ignore index are counted over all ranks (the loss is the mean
+    over the targets that count, whichever rank holds them)."""
+    one = _launch(tmp_path, model, 1)
+    two = _launch(tmp_path, model, 2)
+    _same_weights(one, two)
+    l1 = [r["train/loss"] for r in one["logged"] if "train/loss" in r]
+    l2 = [r["train/loss"] for r in two["logged"] if "train/loss" in r]
+    assert len(l1) == len(l2) == 4 and l1 == pytest.approx(l2, rel=1e-5)
+    assert two["eval"]["val/loss"] == pytest.approx(one["eval"]["val/loss"], rel=1e-6)
+
+
 def _rank_records(tmp_path, model, world, grad_accum=1, tag=""):
     import json
     return [json.loads((tmp_path / f"{model}-{world}-{grad_accum}{tag}.pt.rank{r}.json").read_text()) for r in range(world)]

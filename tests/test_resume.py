@@ -82,7 +82,7 @@ def _wait_for_batches(run: Path, proc, n=20):
     raise AssertionError("the run did not start")
 
 
-@pytest.mark.parametrize("sig, code, what", [(signal.SIGTERM, 0, "SIGTERM"), (signal.SIGINT, 130, "Ctrl-C")])
+@pytest.mark.parametrize("sig, code, what", [(signal.SIGTERM, 143, "SIGTERM"), (signal.SIGINT, 130, "Ctrl-C")])
 def test_the_printed_command_continues_the_same_run_exactly(tmp_path, sig, code, what):
     args = [str(TINY), "trainer.max_duration=1200ba", "trainer.eval_interval=600ba", "trainer.log_interval=10ba",
             "data.eval_tokens=600", "--no-progress"]

@@ -377,3 +377,51 @@ def test_fp16_with_grad_clip_norm_and_another_clipping_algorithm_unscales_once()
                  algorithms=[GradientClipping("adaptive", 0.01)])
     tr.fit()
     assert tr.state.timestamp.batch == 3
+
+
+class _TokenModel(nn.Module):
+    """Embedding -> linear head: (batch, time) ids -> (batch, time, vocab) logits."""
+
+    def __init__(self, vocab=11, dim=6):
+        super().__init__()
+        self.emb, self.head = nn.Embedding(vocab, dim), nn.Linear(dim, vocab)
+
+    def forward(self, x):
+        return self.head(self.emb(x))
+
+
+def _masked_tokens(n=12, t=5, vocab=11, seed=0):
+    """Token batches whose targets are mostly the ignore index, unevenly across rows (as a
+    masked-LM batch is): row i keeps i % 3 + 1 of its targets."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randint(0, vocab, (n, t), generator=g)
+    y = torch.randint(0, vocab, (n, t), generator=g)
+    for i in range(n):
+        y[i, i % 3 + 1:] = -100
+    return x, y
+
+
+@pytest.mark.parametrize("grad_accum,listen", [(1, False), (1, True), (3, False)])
+def test_ignored_targets_count_nowhere_in_training_and_evaluation(grad_accum, listen):
+    """The reduction over the targets that count equals F.cross_entropy(ignore_index=-100) on
+    the whole batch: in the step's loss and gradient (micro-batches with unequal counts
+    included) and in the evaluation loss."""
+    x, y = _masked_tokens()
+    torch.manual_seed(0)
+    model, ref = _TokenModel(), _TokenModel()
+    ref.load_state_dict(model.state_dict())
+    loss = F.cross_entropy(ref(x).flatten(0, 1), y.flatten(), ignore_index=-100)
+    loss.backward()
+    with torch.no_grad():
+        for p in ref.parameters():
+            p -= 0.5 * p.grad
+    tr = Trainer(model, [(x, y)], optimizers=lambda m: torch.optim.SGD(m.parameters(), lr=0.5), max_duration="1ba",
+                 device="cpu", grad_accum=grad_accum, eval_dataloader=[(x[:7], y[:7]), (x[7:], y[7:])],
+                 callbacks=[ListenInsideTheStep()] if listen else [], log_interval="1ba")
+    tr.fit()
+    assert tr.logger.latest["train/loss"] == pytest.approx(loss.item(), rel=1e-6)
+    for a, b in zip(ref.parameters(), model.parameters()):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    with torch.no_grad():
+        true_val = F.cross_entropy(model(x).flatten(0, 1), y.flatten(), ignore_index=-100).item()
+    assert tr.state.eval_metrics["val/loss"] == pytest.approx(true_val, rel=1e-6)

@@ -65,6 +65,8 @@ class CheckpointOptions:
     load_path: str | None = None               # start from this checkpoint (weights, optimizer, clock)
     autoresume: bool = False                   # continue from the newest checkpoint in save_folder
     io: CheckpointIO | None = None             # default: one file per checkpoint (sharded under FSDP)
+    hyperparameters: str = "checkpoint"        # on resume, the optimizers' settings: the checkpoint's, or
+                                               # 'run': as built for this run (a forced change applied)
 
 
 @dataclass
@@ -104,7 +106,7 @@ def assemble(model: "torch.nn.Module | Callable[[], torch.nn.Module]", runtime: 
              metrics: dict | None = None, algorithms: Sequence = (), callbacks: Sequence = (), loggers: Sequence = (),
              durations: Durations = Durations(), step: StepOptions = StepOptions(),
              checkpoints: CheckpointOptions = CheckpointOptions(),
-             parallel: ParallelOptions = ParallelOptions()) -> Parts:
+             parallel: ParallelOptions = ParallelOptions(), quality: "tuple[str, str] | None" = None) -> Parts:
     """Everything a Trainer needs, in the order of the module docstring."""
     seed_everything(runtime.seed)   # the training stream starts from the seed, whatever building the model drew
     model = _model(model)
@@ -126,7 +128,8 @@ def assemble(model: "torch.nn.Module | Callable[[], torch.nn.Module]", runtime: 
     state = State(model=model, max_duration=Time.parse(durations.max_duration), runtime=runtime,
                   loss_fn=loss_fn or default_loss, train_dataloader=train_dataloader,
                   eval_dataloader=eval_dataloader, algorithms=algorithms, callbacks=callbacks,
-                  grad_accum=step.grad_accum, batch_fn=step.batch_fn, autocast=runtime.autocast)
+                  grad_accum=step.grad_accum, batch_fn=step.batch_fn, autocast=runtime.autocast,
+                  quality=_quality(quality))
     if state.max_duration.unit == TimeUnit.DURATION:
         raise ValueError("max_duration cannot be a fraction ('dur'); use ep, ba, sp, tok or s/m/h")
     logger = LogHub(loggers)
@@ -139,10 +142,24 @@ def assemble(model: "torch.nn.Module | Callable[[], torch.nn.Module]", runtime: 
                   save_folder=save_folder, eval_dataloader=eval_dataloader)
     latest = load_latest(save_folder, io) if checkpoints.autoresume else None
     if latest is not None:
-        resume_from(state, logger, *latest)
-    elif checkpoints.load_path:
-        resume_from(state, logger, checkpoints.load_path, io.load(checkpoints.load_path))
+        resume_from(state, logger, *latest, hyperparameters=checkpoints.hyperparameters)
+    else:
+        if checkpoints.autoresume:
+            logger.resume_at(0)   # nothing to resume: the run starts over, and so do its logs (each step once)
+        if checkpoints.load_path:
+            resume_from(state, logger, checkpoints.load_path, io.load(checkpoints.load_path),
+                        hyperparameters=checkpoints.hyperparameters)
     return parts
+
+
+def _quality(quality) -> tuple[str, str]:
+    """(metric, 'max' or 'min'): what judges the run (a task's Quality, a pair, or None: val/loss, lower better)."""
+    if quality is None:
+        return ("val/loss", "min")
+    metric, direction = (quality.metric, quality.direction) if hasattr(quality, "direction") else quality
+    if direction not in ("max", "min") or not isinstance(metric, str):
+        raise ValueError(f"quality={quality!r}: give (metric, 'max' or 'min'), e.g. ('val/acc', 'max')")
+    return metric, direction
 
 
 def _model(model) -> torch.nn.Module:
@@ -181,9 +198,9 @@ def on_this_rank(callbacks, world, checkpointer=None) -> list:
             or (world.sharded and c is checkpointer)]
 
 
-def resume_from(state: State, logger: LogHub, path, payload: dict) -> dict:
+def resume_from(state: State, logger: LogHub, path, payload: dict, hyperparameters: str = "checkpoint") -> dict:
     """Load a checkpoint's payload into the state, and tell the loggers where the run continues."""
-    meta = restore(state, payload)
+    meta = restore(state, payload, hyperparameters=hyperparameters)
     state.last_checkpoint = str(path)
     state.resumed_from = {"path": str(path), "run_id": meta.get("run_id")}
     logger.resume_at(state.timestamp.batch)

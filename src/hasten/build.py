@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as _dt
-from dataclasses import dataclass
+import shutil
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
 
 from .assemble import CheckpointOptions, Durations, StepOptions, assemble
 from .callbacks import LRMonitor, ProgressBar, SpeedMonitor
-from .callbacks.checkpoint import Checkpoint
+from .callbacks.checkpoint import INDEX as CHECKPOINT_INDEX
+from .callbacks.checkpoint import TEMPORARY, Checkpoint, remove_owned
 from .checkpoint import ShardedCheckpointIO
 from .distributed.prepare import ParallelOptions
 from .config import OptimizerConfig, Recipe, make_algorithm
@@ -21,8 +24,8 @@ from .loggers import ConsoleLogger, JSONLLogger, TensorBoardLogger
 from .optim import LRSchedule, apply_lr_multipliers, param_groups
 from .optim.muon import muon_for, muon_optimizers, split_for_muon
 from .optim.sgdw import SGDW, decoupled_hparams
-from .runs import check_run_folder, write_run_folder
-from .runtime import Runtime, make_runtime
+from .runs import RECIPE_FILE, RUN_OUTPUTS, check_run_folder, write_run_folder
+from .runtime import Runtime, make_runtime, resolve_device
 from .tasks import TASKS
 from .tasks.base import Built
 from .trainer import Trainer
@@ -71,8 +74,10 @@ def build_optimizer(cfg: OptimizerConfig, model: torch.nn.Module, runtime: Runti
 
 
 def default_run_dir(recipe: Recipe) -> Path:
+    """runs/RECIPE-DATE-TIME, with -2, -3, ... when a run started in the same second."""
     stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
-    return Path("runs") / f"{recipe.name}-{stamp}"
+    base = Path("runs") / f"{recipe.name}-{stamp}"
+    return next(p for p in (base, *(Path(f"{base}-{i}") for i in range(2, 10_000))) if not p.exists())
 
 
 @dataclass
@@ -82,12 +87,50 @@ class Run:
     built: Built
     run_dir: Path
     lock: FolderLock | None = None   # held while this process writes the run folder
+    new: bool = True                 # a new run (not a resumed one)
+    created: list = field(default_factory=list)   # the folders this run made, deepest first
 
-    def close(self) -> None:
+    @property
+    def trained(self) -> bool:
+        """Whether this process trained at least one step (a resumed run counts as trained)."""
+        return not self.new or self.trainer.state.timestamp.batch > 0
+
+    def close(self, discard: bool = False) -> None:
+        """Close the loggers, the lock and the process group; with `discard`, a new run that
+        never trained first removes what it made (hasten.build.remove_made)."""
         self.trainer.close()
+        if discard and self.new and self.trainer.world.is_main:
+            remove_made(self.run_dir, self.created, self.trainer.checkpointer)
         if self.lock is not None:
             self.lock.release()
         self.trainer.runtime.close()   # leaves the process group under torchrun
+
+
+def remove_made(run_dir: Path, created: list, checkpointer=None) -> None:
+    """Remove what a new run made in its folder, and nothing else: recipe.yaml, its logs (a new
+    run folder held none: hasten.runs.check_run_folder), the checkpoints this run wrote and
+    their folder's index and lock when nothing else is in it, its lock file, and then the
+    folders it created, if empty."""
+    for name in (RECIPE_FILE, *RUN_OUTPUTS):
+        path = run_dir / name
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        elif path.is_file() or path.is_symlink():
+            path.unlink()
+    if checkpointer is not None:
+        folder = checkpointer.folder
+        for entry in checkpointer.saved:
+            remove_owned(folder, entry["name"])
+        if folder.is_dir():
+            leftovers = {p.name for p in folder.iterdir()} - {CHECKPOINT_INDEX, LOCK_NAME}
+            if not leftovers or all(TEMPORARY.match(n) for n in leftovers):
+                shutil.rmtree(folder)
+    (run_dir / LOCK_NAME).unlink(missing_ok=True)
+    for folder in created:
+        try:
+            folder.rmdir()
+        except OSError:
+            break   # something else is in it now: leave it
 
 
 def build_algorithms(recipe: Recipe) -> list:
@@ -99,8 +142,15 @@ def recipe_runtime(recipe: Recipe) -> Runtime:
     """The recipe's runtime, resolved and applied (threads, host allocator, seeds): the first
     thing a run does, before any data is loaded or model built."""
     t = recipe.trainer
-    return make_runtime(device=t.device, precision=t.precision, seed=t.seed, threads=t.threads,
-                        host_allocator=t.host_allocator, parallelism=t.parallelism, timeout_s=t.dist_timeout_s)
+    try:
+        resolve_device(t.device)   # a device this machine lacks: refused before anything is set up
+    except ValueError as e:
+        raise ConfigError(f"trainer.device: {e}") from None
+    try:
+        return make_runtime(device=t.device, precision=t.precision, seed=t.seed, threads=t.threads,
+                            host_allocator=t.host_allocator, parallelism=t.parallelism, timeout_s=t.dist_timeout_s)
+    except ValueError as e:   # e.g. launched with several processes but parallelism=none
+        raise ConfigError(str(e)) from None
 
 
 def build_run(recipe: Recipe, progress_bar: bool | None = None, console_logger: bool = True,
@@ -120,18 +170,24 @@ def build_run(recipe: Recipe, progress_bar: bool | None = None, console_logger: 
         run_dir = _same_on_every_rank(run_dir)
     created, lock, changes, error = [], None, None, None
 
-    def undo() -> None:
-        """A run that never started leaves no folder behind: only its own lock file was in it."""
-        if lock is not None:
-            lock.release()
-        if created:
+    def undo(trainer=None) -> None:
+        """A run that never started leaves nothing behind: a new run removes what it made (a
+        folder refused before that keeps everything but the lock file of a folder it created)."""
+        if trainer is not None:
+            trainer.close()
+        if world.is_main and error is None and changes is None:
+            remove_made(run_dir, created, trainer.checkpointer if trainer is not None else None)
+        elif world.is_main and not had_lock_file:
             (run_dir / LOCK_NAME).unlink(missing_ok=True)
             for folder in created:
                 try:
                     folder.rmdir()
                 except OSError:
                     break   # something else is in it now: leave it
+        if lock is not None:
+            lock.release()
 
+    had_lock_file = (run_dir / LOCK_NAME).exists()
     if world.is_main:
         created = [p for p in (run_dir, *run_dir.parents) if not p.exists()]   # the folders this run makes, deepest first
         try:
@@ -140,38 +196,41 @@ def build_run(recipe: Recipe, progress_bar: bool | None = None, console_logger: 
         except BaseException as e:
             error = e
     if world.size > 1:
-        _stop_every_rank_if_main_failed(error)
+        changes = _share_main_result(error, changes)
     if error is not None:
         undo()
         raise error
+    trainer = None
     try:
         built = TASKS[recipe.task].build(recipe, runtime)
-        trainer = _trainer(recipe, built, algorithms, run_dir, runtime, progress_bar, console_logger)
+        # a resume that changes the optimizer's settings (allowed with --force) applies them
+        hyperparameters = "run" if any(k.startswith("optimizer.") for k in changes or {}) else "checkpoint"
+        trainer = _trainer(recipe, built, algorithms, run_dir, runtime, progress_bar, console_logger, hyperparameters)
         if world.is_main:
             write_run_folder(recipe, run_dir, changes, force)
     except BaseException:
-        undo()
+        undo(trainer)
         raise
-    return Run(recipe=recipe, trainer=trainer, built=built, run_dir=run_dir, lock=lock)
+    return Run(recipe=recipe, trainer=trainer, built=built, run_dir=run_dir, lock=lock, new=changes is None,
+               created=created)
 
 
 def _same_on_every_rank(run_dir: Path) -> Path:
     """Rank 0's run folder, on every rank (a default name holds the time, which ranks may read
     a second apart)."""
-    import torch.distributed as dist
     box = [str(run_dir)]
     dist.broadcast_object_list(box, src=0)
     return Path(box[0])
 
 
-def _stop_every_rank_if_main_failed(error: BaseException | None) -> None:
-    """Rank 0 tells the others whether it could prepare the run folder; if not, they stop too
-    (rank 0 raises its own error)."""
-    import torch.distributed as dist
-    box = [None if error is None else f"{type(error).__name__}: {error}"]
+def _share_main_result(error: BaseException | None, changes):
+    """Rank 0 tells the others whether it could prepare the run folder (if not, they stop too;
+    rank 0 raises its own error) and what the resume changes; returns those changes on every rank."""
+    box = [None if error is None else f"{type(error).__name__}: {error}", changes]
     dist.broadcast_object_list(box, src=0)
     if error is None and box[0] is not None:
         raise ConfigError(f"rank 0 could not prepare the run folder: {box[0]}")
+    return box[1]
 
 
 def _options(cls, section):
@@ -180,7 +239,7 @@ def _options(cls, section):
 
 
 def _trainer(recipe: Recipe, built: Built, algorithms: list, run_dir: Path, runtime: Runtime, progress_bar,
-             console_logger: bool) -> Trainer:
+             console_logger: bool, hyperparameters: str = "checkpoint") -> Trainer:
     t = recipe.trainer
     main = runtime.world.is_main
     loggers = [JSONLLogger(run_dir / "metrics.jsonl")] if main else []
@@ -204,8 +263,10 @@ def _trainer(recipe: Recipe, built: Built, algorithms: list, run_dir: Path, runt
             optimizers=lambda model: build_optimizer(recipe.optimizer, model, runtime, recipe.data.batch_size),
             schedulers=[schedule], loss_fn=built.loss_fn, metrics=built.metrics, algorithms=algorithms,
             callbacks=callbacks, loggers=loggers, durations=_options(Durations, t), step=_options(StepOptions, t),
-            checkpoints=CheckpointOptions(load_path=t.load_path, autoresume=t.autoresume, io=io),
-            parallel=ParallelOptions(sync_batchnorm=t.sync_batchnorm, fsdp=t.fsdp if runtime.world.sharded else None)))
+            checkpoints=CheckpointOptions(load_path=t.load_path, autoresume=t.autoresume, io=io,
+                                          hyperparameters=hyperparameters),
+            parallel=ParallelOptions(sync_batchnorm=t.sync_batchnorm, fsdp=t.fsdp if runtime.world.sharded else None),
+            quality=TASKS[recipe.task].quality))
     except ValueError as e:
         if isinstance(e, ConfigError):
             raise

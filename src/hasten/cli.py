@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -24,11 +25,11 @@ from rich.console import Console
 from . import __version__
 from .bench.ladder import ladder_markdown, ladder_plot, ladder_specs
 from .bench.report import latest_per_run, resolve_target, write_report
-from .bench.runner import BenchInterrupted, Spec, outcome, run_comparison, unique_labels
+from .bench.runner import BenchInterrupted, Spec, check_earlier_runs, outcome, run_comparison, unique_labels
 from .bench.target import Target
 from .build import build_algorithms, build_run
 from .compress.pipeline import compress_run, evaluate_artifact
-from .config import available_recipes, check_time, load_recipe, to_dict
+from .config import available_recipes, check_time, load_recipe, suggest, to_dict
 from .core.algorithm import parallel_refusal_message
 from .distributed.world import leave_worker
 from .errors import ConfigError, HastenError
@@ -44,6 +45,14 @@ def _cmd_recipes(args) -> int:
     for name, desc in recipes.items():
         print(f"{name:<{width}}  {desc}")
     return 0
+
+
+class Terminated(BaseException):
+    """SIGTERM outside training (set-up, the end): unwinds like Ctrl-C, so what was made is undone."""
+
+
+def _terminate(signum, frame):
+    raise Terminated()
 
 
 def _cmd_train(args) -> int:
@@ -68,6 +77,16 @@ def _cmd_train(args) -> int:
             print(run.trainer.describe())
             run.close()
         return 0
+    if threading.current_thread() is not threading.main_thread():   # handlers are the main thread's to set
+        return _train(args, recipe, console)
+    old_sigterm = signal.signal(signal.SIGTERM, _terminate)   # set-up stopped by SIGTERM undoes it, as Ctrl-C does
+    try:
+        return _train(args, recipe, console)
+    finally:
+        signal.signal(signal.SIGTERM, old_sigterm)
+
+
+def _train(args, recipe, console) -> int:
     run = build_run(recipe, progress_bar=False if args.no_progress else None, force=args.force)
     state = run.trainer.state
     if not run.trainer.world.is_main:   # under torchrun rank 0 alone reports
@@ -83,17 +102,23 @@ def _cmd_train(args) -> int:
     console.print(f"run folder: {run.run_dir}" + (f"; {run.trainer.world.size} processes, data-parallel"
                                                    if run.trainer.world.size > 1 else ""))
     t0 = time.perf_counter()
+    finished = False
     try:
         run.trainer.fit()
+        finished = state.stop_reason not in ("sigterm", "sigint")
     finally:
-        run.close()
+        discard = not finished and not run.trained   # stopped before its first step: it leaves nothing behind
+        run.close(discard=discard)
+        if discard:
+            print(f"hasten: the run stopped before its first step; removed what it had made in {run.run_dir}",
+                  file=sys.stderr)
     wall = time.perf_counter() - t0
     if state.stop_reason in ("sigterm", "sigint"):
         what = "Ctrl-C" if state.stop_reason == "sigint" else "SIGTERM"
         saved = f"checkpoint: {state.last_checkpoint}" if state.last_checkpoint else "no checkpoint was written"
         console.print(f"stopped by {what} after batch {state.timestamp.batch}; {saved}. "
                       f"Resume with: hasten train --resume {run.run_dir}")
-        return 130 if state.stop_reason == "sigint" else 0
+        return 130 if state.stop_reason == "sigint" else 143   # 128 + the signal, as a shell reports it
     metrics = "  ".join(f"{k}={v:.4f}" for k, v in state.eval_metrics.items())
     console.print(f"done in {wall:.1f} s ({state.timestamp.batch} batches, {state.timestamp.train_seconds:.1f} s training)"
                   + (f"; stopped early: {state.stop_reason}" if state.stop_reason else ""))
@@ -119,10 +144,53 @@ def _launch_torchrun(args, recipe) -> int:
             and not (i > 0 and args.argv[i - 1] == "--nproc")]
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={args.nproc}",
            "-m", "hasten.cli", "train", *argv]
-    return subprocess.call(cmd)
+    return supervise(cmd)
 
 
-def _check_bench_input(args, specs: list) -> None:
+def supervise(cmd: list[str], grace_s: float = 60.0) -> int:
+    """Run `cmd` (torchrun and its workers) in a process group of its own, and end the whole
+    group on every path: Ctrl-C or SIGTERM to this launcher is passed on to every worker (they
+    save at the end of the step and stop); a group still running `grace_s` later, or at a second
+    Ctrl-C, gets SIGTERM, then SIGKILL. No worker outlives the launcher (nor keeps the run's lock)."""
+    proc = subprocess.Popen(cmd, start_new_session=True)
+    got: list[int] = []
+
+    def forward(signum, frame):
+        got.append(signum)
+        _signal_group(proc, signal.SIGINT if signum == signal.SIGINT and len(got) == 1 else signal.SIGTERM)
+
+    old = {sig: signal.signal(sig, forward) for sig in (signal.SIGINT, signal.SIGTERM)}
+    deadline, escalation = None, [signal.SIGTERM, signal.SIGKILL]
+    try:
+        while True:
+            try:
+                code = proc.wait(timeout=0.5)
+                break
+            except subprocess.TimeoutExpired:
+                if got and deadline is None:
+                    deadline = time.monotonic() + grace_s
+                if deadline is not None and time.monotonic() > deadline and escalation:
+                    _signal_group(proc, escalation.pop(0))
+                    deadline = time.monotonic() + 10.0
+    finally:
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
+        if proc.poll() is None:   # this launcher is failing: take the group down with it
+            _signal_group(proc, signal.SIGKILL)
+            proc.wait()
+    if got:
+        return 130 if got[0] == signal.SIGINT else 143
+    return code
+
+
+def _signal_group(proc: subprocess.Popen, sig: int) -> None:
+    try:
+        os.killpg(proc.pid, sig)
+    except ProcessLookupError:
+        pass
+
+
+def _check_bench_input(args, specs: list) -> list:
     """Everything `hasten bench` can check before its first run: the target, the counts,
     the evaluation cadence, and every recipe with its overrides (loaded and validated here,
     algorithms' arguments included)."""
@@ -134,12 +202,14 @@ def _check_bench_input(args, specs: list) -> None:
     if args.cap is not None and not args.cap > 0:
         raise ConfigError(f"--cap {args.cap}: give a positive number of seconds")
     if args.eval_every:
-        check_time(args.eval_every, "--eval-every")
+        check_time(args.eval_every, "--eval-every", positive=True)
+    recipes = []
     for spec in specs:
         try:
-            load_recipe(spec.recipe, spec.overrides)   # validates every value, algorithm arguments included
+            recipes.append(load_recipe(spec.recipe, spec.overrides))   # every value, algorithm arguments included
         except ConfigError as e:
             raise ConfigError(f"recipe {spec.label}: {e}") from None
+    return recipes
 
 
 def _cmd_bench(args) -> int:
@@ -161,8 +231,12 @@ def _cmd_bench(args) -> int:
         specs = [s for _, s in steps]
     else:
         specs = _at_world_sizes(unique_labels([Spec.parse(t, shared, last) for t in specs_text]), args.nproc)
-    _check_bench_input(args, specs)
-    target = Target.parse(args.target).for_task(TASKS[load_recipe(specs[0].recipe, specs[0].overrides).task].quality)
+    recipes = _check_bench_input(args, specs)
+    target = Target.parse(args.target).for_task(TASKS[recipes[0].task].quality)
+    logged = {m for r in recipes for m in TASKS[r.task].logs}
+    if target.metric not in logged:
+        raise ConfigError(f"--target {args.target}: no run of these recipes logs {target.metric!r}; their evaluations "
+                          f"log {sorted(logged)}." + suggest(target.metric, logged))
     got = {}
 
     def on_signal(signum, frame):   # SIGTERM stops the bench as Ctrl-C does
@@ -175,9 +249,10 @@ def _cmd_bench(args) -> int:
             runs, out_dir = _bench_ladder(args, steps, specs_text, target, seeds, command, console)
         else:
             out_dir = Path(args.out) / (args.name or "-vs-".join(Path(s.recipe).stem for s in specs))
+            check_earlier_runs(specs, seeds, out_dir, args.cap, console)   # refused before anything is said or run
             console.print(f"bench: {len(specs)} recipe(s) x {len(seeds)} seed(s), interleaved; target {target}; "
                           f"results in {out_dir}")
-            runs = run_comparison(specs, seeds, out_dir, args.cap, console)
+            runs = run_comparison(specs, seeds, out_dir, args.cap, console, metric=target.metric)
             write_report(runs, [s.label for s in specs], target, out_dir, args.title or "hasten bench", command)
             print((out_dir / "report.md").read_text())
             console.print(f"report: {out_dir / 'report.md'} (JSON: report.json, plot: report.png, runs: runs.jsonl)")
@@ -252,9 +327,10 @@ def _bench_ladder(args, steps, specs_text, target, seeds, command, console):
 
     ends = [Path(Spec.parse(t).recipe).stem for t in (specs_text[0], args.ladder)]
     out_dir = Path(args.out) / (args.name or f"ladder-{ends[0]}-to-{ends[1]}")
+    check_earlier_runs([s for _, s in steps], seeds, out_dir, args.cap, console)
     console.print(f"ladder: {len(steps)} rows ({', '.join(n for n, _ in steps)}), {len(seeds)} seed(s) each, "
                   f"cap {args.cap or 'none'} s per run; results in {out_dir}")
-    runs = run_comparison([s for _, s in steps], seeds, out_dir, args.cap, console)
+    runs = run_comparison([s for _, s in steps], seeds, out_dir, args.cap, console, metric=target.metric)
     tgt = resolve_target(target, runs, "baseline")
     md, rows = ladder_markdown(runs, steps, tgt, f"Ladder: {specs_text[0]} to {args.ladder}", command)
     png = ladder_plot(rows, out_dir / "ladder.png")
@@ -343,6 +419,44 @@ def make_parser() -> argparse.ArgumentParser:
     return p
 
 
+class _GoneReader:
+    """Standard output that survives its reader going away (`hasten train | head -n 3`): the
+    first write that finds the pipe closed points the descriptor at /dev/null, says so once on
+    standard error, and training goes on (its checkpoints and logs are files; only the text
+    printed for the reader is dropped)."""
+
+    def __init__(self, stream):
+        self._stream, self._gone = stream, False
+
+    def _closed(self) -> None:
+        if not self._gone:
+            self._gone = True
+            try:
+                devnull = os.open(os.devnull, os.O_WRONLY)
+                os.dup2(devnull, self._stream.fileno())
+                os.close(devnull)
+            except (OSError, ValueError):
+                pass
+            print("hasten: standard output was closed (its reader stopped); the run goes on and its output "
+                  "is dropped", file=sys.stderr, flush=True)
+
+    def write(self, text):
+        try:
+            return self._stream.write(text)
+        except BrokenPipeError:
+            self._closed()
+            return len(text)
+
+    def flush(self):
+        try:
+            self._stream.flush()
+        except BrokenPipeError:
+            self._closed()
+
+    def __getattr__(self, name):
+        return getattr(self._stream, name)
+
+
 def _one_line(e: BaseException) -> str:
     return " ".join(str(e).split())
 
@@ -369,7 +483,13 @@ def main(argv: list[str] | None = None) -> int:
             args.recipe = None
         args.recipe = args.recipe or DEFAULT_RECIPE
     debug = args.debug or os.environ.get("HASTEN_DEBUG", "") not in ("", "0")
-    code = _run(args, debug)
+    stdout = sys.stdout
+    if stdout is not None and not isinstance(stdout, _GoneReader):
+        sys.stdout = _GoneReader(stdout)
+    try:
+        code = _run(args, debug)
+    finally:
+        sys.stdout = stdout
     leave_worker(code)   # a torchrun worker exits here, its work done (see leave_worker)
     return code
 
@@ -387,6 +507,9 @@ def _run(args, debug: bool) -> int:
             raise
         print("hasten: interrupted", file=sys.stderr)
         return 130
+    except Terminated:
+        print("hasten: stopped by SIGTERM", file=sys.stderr)
+        return 143
     except Exception as e:   # not a user mistake we know of: still one line, the traceback on request
         if debug:
             raise

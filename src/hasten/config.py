@@ -19,7 +19,7 @@ import yaml
 
 from .core.time import Time
 from .distributed.fsdp import FSDPOptions
-from .errors import ConfigError
+from .errors import ConfigError, brief
 from .registry import ALGORITHMS, TASKS
 # the schema helpers live in a leaf module (tasks import them without importing this one);
 # check_time, coerce and from_dict are re-exported here for existing users
@@ -38,9 +38,9 @@ class TrainerConfig:
     """The `trainer` section: how long, how often, on what, with which precision."""
     max_duration: str = setting("1ep", time=True)
     """Length of the run in typed time: ep, ba, sp, tok, or wall-clock s/m/h (not dur)."""
-    eval_interval: str = setting("1ep", time=True)
+    eval_interval: str = setting("1ep", interval=True)
     """How often to evaluate (typed time; dur fractions allowed)."""
-    log_interval: str = setting("50ba", time=True)
+    log_interval: str = setting("50ba", interval=True)
     """How often to log the training loss and throughput (typed time)."""
     precision: Literal["fp32", "bf16-mixed", "fp16-mixed", "auto"] = "fp32"
     """auto: bf16-mixed where the hardware has bf16 (CUDA, AVX512-BF16/AMX CPUs), fp32 elsewhere."""
@@ -56,7 +56,7 @@ class TrainerConfig:
     """Seed of model initialisation, data order and augmentation."""
     run_dir: Optional[str] = None
     """The run folder; default runs/RECIPE-DATE-TIME."""
-    save_interval: Optional[str] = setting(None, time=True)
+    save_interval: Optional[str] = setting(None, interval=True)
     """How often to write a checkpoint; default: at evaluation points and at the end."""
     keep_last: int = setting(1, ge=1)
     """How many of the run's latest checkpoints to keep."""
@@ -187,7 +187,7 @@ def nest_optimizer_keys(opt: dict, where: str, warn: bool = True) -> dict:
         value = out.pop(old)
         section = out.setdefault(family, {})
         if not isinstance(section, dict):
-            raise ConfigError(f"optimizer.{family} must be a section (key: value), got {section!r}")
+            raise ConfigError(f"optimizer.{family} must be a section (key: value), got {brief(section)}")
         if new in section:
             raise ConfigError(f"recipe {where}: optimizer.{old} and optimizer.{family}.{new} are the same setting; "
                               f"keep optimizer.{family}.{new}")
@@ -250,6 +250,7 @@ def parse_override(text: str) -> tuple[list[str], Any]:
         value = raw
     if isinstance(value, str) and NUMBER.match(value):
         value = float(value)
+    check_expanded_size(value, f"override {key}")
     return key.split("."), value
 
 
@@ -308,14 +309,15 @@ def _read_raw(name_or_path: str, seen: tuple = ()) -> tuple[dict, str]:
     try:
         raw = yaml.safe_load(text) or {}
     except yaml.YAMLError as e:
-        raise ConfigError(f"recipe {name_or_path}: invalid YAML: {e}") from e
+        raise ConfigError(f"recipe {name_or_path}: invalid YAML: {brief(str(e), 300)}") from e
+    check_expanded_size(raw, f"recipe {name_or_path}")
     if not isinstance(raw, dict):
         raise ConfigError(f"recipe {name_or_path}: the top level must be a mapping")
     raw = _migrate(raw, name_or_path)
     base = raw.pop("base", None)
     if base is not None:
         if not isinstance(base, str) or not base:
-            raise ConfigError(f"recipe {name_or_path}: base: {base!r} must name a recipe or a YAML file")
+            raise ConfigError(f"recipe {name_or_path}: base: {brief(base)} must name a recipe or a YAML file")
         # a relative YAML path in 'base' is read from the folder of the file that names it
         if base.endswith((".yaml", ".yml")) and not Path(base).is_absolute() and p.suffix in (".yaml", ".yml"):
             base = str(p.parent / base)
@@ -327,13 +329,35 @@ def _read_raw(name_or_path: str, seen: tuple = ()) -> tuple[dict, str]:
     return raw, name
 
 
+MAX_RECIPE_VALUES = 100_000   # a recipe holds a few hundred values; YAML aliases can make billions
+
+
+def check_expanded_size(value, where: str, limit: int = MAX_RECIPE_VALUES) -> None:
+    """Refuse a YAML value that expands to more than `limit` values once its aliases are
+    followed ("billion laughs": a few lines of anchors that reference each other), counting
+    each reference anew as every later step (validation, messages, copies) would; the walk
+    stops at the limit, so it is cheap whatever the size."""
+    seen, stack = 0, [value]
+    while stack:
+        v = stack.pop()
+        seen += 1
+        if seen > limit:
+            raise ConfigError(f"{where}: the YAML expands to more than {limit:,} values once its aliases (*name) are "
+                              "followed; a recipe holds a few hundred. Write the values out, or reference fewer anchors")
+        if isinstance(v, dict):
+            stack.extend(v.keys())
+            stack.extend(v.values())
+        elif isinstance(v, (list, tuple)):
+            stack.extend(v)
+
+
 def _migrate(raw: dict, where: str) -> dict:
     """Bring a recipe written by an older hasten to the current keys: version 1 (hasten 0.1)
     had flat optimizer keys (`optimizer.muon_lr`), nested since version 2."""
     stated = "schema_version" in raw
     version = raw.pop("schema_version", RECIPE_SCHEMA_VERSION)
     if not isinstance(version, int) or version < 1:
-        raise ConfigError(f"recipe {where}: schema_version {version!r} must be a whole number >= 1")
+        raise ConfigError(f"recipe {where}: schema_version {brief(version)} must be a whole number >= 1")
     if version > RECIPE_SCHEMA_VERSION:
         raise ConfigError(f"recipe {where} was written by a newer hasten (schema_version {version}, this one reads "
                           f"up to {RECIPE_SCHEMA_VERSION}); upgrade hasten to read it")
@@ -400,6 +424,10 @@ def validate(raw: dict, tasks: dict | None = None, algorithms: dict | None = Non
         if algo_name not in algorithms:
             raise ConfigError(f"algorithms.{algo_name}: unknown algorithm; known: {sorted(algorithms)}."
                               + suggest(algo_name, algorithms))
+        if params is not None and not isinstance(params, dict):
+            raise ConfigError(f"algorithms.{algo_name}: {brief(params)} is not a section; give the algorithm's "
+                              f"settings as a mapping, e.g. algorithms.{algo_name}={{}} for its defaults "
+                              f"(algorithms.{algo_name}=null removes it)")
         algos[algo_name] = signature_config(algorithms[algo_name].__init__, params or {}, f"algorithms.{algo_name}")
         make_algorithm(algo_name, algos[algo_name], algorithms)   # the values too: building one is cheap and checks them
     return Recipe(task=task_name, model=spec.parse_model(raw.get("model") or {}),

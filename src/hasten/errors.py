@@ -38,3 +38,21 @@ def first_line(e: BaseException) -> str:
     """The first non-empty line of an exception's message, without its final full stop: what
     hasten quotes from another library's error inside its own one-line message."""
     return next((ln.strip() for ln in str(e).splitlines() if ln.strip()), "").rstrip(".")
+
+
+def _make_brief():
+    import reprlib
+    r = reprlib.Repr()
+    r.maxlevel, r.maxstring, r.maxother, r.maxlong = 3, 60, 60, 40
+    r.maxlist = r.maxtuple = r.maxdict = r.maxset = r.maxfrozenset = r.maxdeque = r.maxarray = 6
+    return r.repr
+
+
+_brief = _make_brief()
+
+
+def brief(value, limit: int = 200) -> str:
+    """`repr(value)` bounded in depth, length and size (at most `limit` characters): what an
+    error message quotes of a value a user gave, however large or deeply nested it is."""
+    text = _brief(value)
+    return text if len(text) <= limit else text[:limit - 3] + "..."

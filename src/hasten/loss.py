@@ -13,15 +13,19 @@ import torch.nn.functional as F
 
 from .errors import TrainingError
 
+IGNORE_INDEX = -100   # a target that counts nowhere: cross-entropy's (and Hugging Face's) convention
+
 # errors a loss raises when the model's outputs do not fit it (out-of-memory is not one)
 LOSS_FAULTS = (ValueError, IndexError, TypeError, RuntimeError)
 
 
 def default_loss(outputs: torch.Tensor, targets: torch.Tensor, reduction: str = "none") -> torch.Tensor:
-    """Per-sample (or per-token) cross-entropy: the Trainer does the reduction.
+    """Per-sample (or per-token) cross-entropy: the Trainer does the reduction. A target equal
+    to IGNORE_INDEX (-100) gets loss 0 and is left out of the mean (the Trainer divides by the
+    targets that count).
 
-    When nothing listens to AFTER_LOSS and there is one micro-batch, the Trainer asks for
-    reduction="mean" instead: the same number, computed inside the loss kernel.
+    When nothing listens to AFTER_LOSS and there is one micro-batch in one process, the Trainer
+    asks for reduction="mean" instead: the same number, computed inside the loss kernel.
     """
     if outputs.dim() > 2:  # (B, T, V) language-model logits
         return F.cross_entropy(outputs.flatten(0, -2).float(), targets.flatten(), reduction=reduction)

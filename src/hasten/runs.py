@@ -27,6 +27,7 @@ from .files import atomic_write, os_error_message
 
 RECIPE_FILE = "recipe.yaml"
 RESUMES_FILE = "resumes.jsonl"
+RUN_OUTPUTS = ("metrics.jsonl", "tensorboard", RESUMES_FILE)   # besides recipe.yaml and checkpoints/ (own index)
 
 # keys a resume may change: none of them changes the numbers the run computes
 RESUME_SAFE = frozenset({
@@ -116,6 +117,10 @@ def check_run_folder(recipe: Recipe, run_dir: Path, force: bool = False) -> dict
     """Before anything is built: `run_dir` (proved writable and locked by the caller) must be
     new or hold this same run resumed. Returns the changes a resume makes (None for a new run)."""
     if not is_run_folder(run_dir):
+        taken = [name for name in RUN_OUTPUTS if (run_dir / name).exists()]
+        if taken:   # a new run writes these: never into files that another run or the user made
+            raise RunFolderError(f"{run_dir} is not a hasten run folder but already holds {', '.join(taken)}, which "
+                                 "a new run would write; choose an empty or new trainer.run_dir")
         return None
     if not recipe.trainer.autoresume:
         raise RunFolderError(f"{run_dir} already holds a run; continue it with `hasten train --resume {run_dir}`, "

@@ -149,13 +149,32 @@ def resolve_device(device: "str | torch.device") -> torch.device:
     if device == "auto":
         if torch.cuda.is_available():
             return torch.device("cuda")
-        if getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
+        if _mps_available():
             return torch.device("mps")
         return torch.device("cpu")
     try:
-        return torch.device(device)
+        dev = torch.device(device)
     except RuntimeError as e:
         raise ValueError(f"unknown device {device!r}: use 'auto', 'cpu', 'cuda', 'cuda:N' or 'mps'") from e
+    return check_device(dev)
+
+
+def _mps_available() -> bool:
+    return getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available()
+
+
+def check_device(dev: torch.device) -> torch.device:
+    """`dev` if this machine has it, else a ValueError saying what is here."""
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            why = "this build of torch has no CUDA" if torch.version.cuda is None else "no CUDA GPU is visible"
+            raise ValueError(f"device {dev} is not available here ({why}); use auto or cpu")
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise ValueError(f"device {dev} is not available here (this machine has {torch.cuda.device_count()} "
+                             f"CUDA device(s): cuda:0 to cuda:{torch.cuda.device_count() - 1})")
+    elif dev.type == "mps" and not _mps_available():
+        raise ValueError(f"device {dev} is not available here (no Apple GPU); use auto or cpu")
+    return dev
 
 
 def resolve_precision(precision: str, device: torch.device, flags: frozenset | None = None) -> str:

@@ -19,7 +19,7 @@ import typing
 from typing import Any, Callable, Literal, Protocol, Union
 
 from .core.time import Time
-from .errors import ConfigError
+from .errors import ConfigError, brief
 
 _MISSING = dataclasses.MISSING
 NUMBER = re.compile(r"^[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)$")
@@ -34,12 +34,15 @@ def suggest(key: str, allowed) -> str:
 
 
 def setting(default: Any = _MISSING, *, default_factory: Any = _MISSING, ge=None, gt=None, le=None, lt=None,
-            time: bool = False, check: Callable[[Any], "str | None"] | None = None):
+            time: bool = False, interval: bool = False, check: Callable[[Any], "str | None"] | None = None):
     """A dataclass field with its allowed values: bounds (ge, gt, le, lt), `time=True` for a
-    typed-time string ("500ba", "2ep", "0.5dur"), and `check(value) -> error text or None`."""
+    typed-time string ("500ba", "2ep", "0.5dur"), `interval=True` for a typed time that must be
+    longer than zero (how often something happens), and `check(value) -> error text or None`."""
     meta = {k: v for k, v in (("ge", ge), ("gt", gt), ("le", le), ("lt", lt), ("check", check)) if v is not None}
-    if time:
+    if time or interval:
         meta["time"] = True
+    if interval:
+        meta["interval"] = True
     return dataclasses.field(default=default, default_factory=default_factory, metadata=meta)
 
 
@@ -59,16 +62,13 @@ def check_setting(f: dataclasses.Field, value: Any, path: str) -> None:
         bad = (("ge" in meta and not value >= meta["ge"]) or ("gt" in meta and not value > meta["gt"])
                or ("le" in meta and not value <= meta["le"]) or ("lt" in meta and not value < meta["lt"]))
         if bad:
-            raise ConfigError(f"{path}: {value!r} is out of range; it must be {_range(meta)}")
+            raise ConfigError(f"{path}: {brief(value)} is out of range; it must be {_range(meta)}")
     if meta.get("time"):
-        try:
-            Time.parse(value)
-        except (ValueError, TypeError) as e:
-            raise ConfigError(f"{path}: {e}") from e
+        check_time(value, path, positive=meta.get("interval", False))
     if "check" in meta:
         problem = meta["check"](value)
         if problem:
-            raise ConfigError(f"{path}: {value!r} {problem}")
+            raise ConfigError(f"{path}: {brief(value)} {problem}")
 
 
 def check_dataclass(obj, path: str = "") -> None:
@@ -129,7 +129,7 @@ def coerce(value: Any, tp, path: str):
     if origin is Literal:
         allowed = typing.get_args(tp)
         if value not in allowed:
-            raise ConfigError(f"{path}: {value!r} is not allowed; choose one of {list(allowed)}."
+            raise ConfigError(f"{path}: {brief(value)} is not allowed; choose one of {list(allowed)}."
                               + (suggest(str(value), [str(a) for a in allowed]) if isinstance(value, str) else ""))
         return value
     if origin in (Union, types.UnionType):
@@ -144,10 +144,10 @@ def coerce(value: Any, tp, path: str):
                 return coerce(value, a, path)
             except ConfigError as e:
                 errors.append(str(e))
-        raise ConfigError(f"{path}: expected {_type_name(tp)}, got {value!r}")
+        raise ConfigError(f"{path}: expected {_type_name(tp)}, got {brief(value)}")
     if origin in (list, tuple):
         if not isinstance(value, (list, tuple)):
-            raise ConfigError(f"{path}: expected a list, got {value!r}")
+            raise ConfigError(f"{path}: expected a list, got {brief(value)}")
         (inner, *_) = typing.get_args(tp) or (Any,)
         items = [coerce(v, inner, f"{path}[{i}]") for i, v in enumerate(value)]
         return tuple(items) if origin is tuple else items
@@ -155,27 +155,29 @@ def coerce(value: Any, tp, path: str):
         if value is None:
             return {}
         if not isinstance(value, dict):
-            raise ConfigError(f"{path}: expected a mapping, got {value!r}")
-        return dict(value)
+            raise ConfigError(f"{path}: expected a mapping (key: value), got {brief(value)}")
+        key_type, value_type = typing.get_args(tp) or (Any, Any)
+        return {coerce(k, key_type, f"{path}") if key_type is not Any else k: coerce(v, value_type, f"{path}.{k}")
+                for k, v in value.items()}
     if dataclasses.is_dataclass(tp):
         return from_dict(tp, value, path)
     if tp is bool:
         if not isinstance(value, bool):
-            raise ConfigError(f"{path}: expected true or false, got {value!r}")
+            raise ConfigError(f"{path}: expected true or false, got {brief(value)}")
         return value
     if tp is int:
         if isinstance(value, bool) or not (isinstance(value, int) or (isinstance(value, float) and value.is_integer())):
-            raise ConfigError(f"{path}: expected a whole number, got {value!r}")
+            raise ConfigError(f"{path}: expected a whole number, got {brief(value)}")
         return int(value)
     if tp is float:
         if isinstance(value, str) and NUMBER.match(value):   # YAML 1.1 reads 1e-3 as a string
             return float(value)
         if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ConfigError(f"{path}: expected a number, got {value!r}")
+            raise ConfigError(f"{path}: expected a number, got {brief(value)}")
         return float(value)
     if tp is str:
         if not isinstance(value, (str, int, float)) or isinstance(value, bool):
-            raise ConfigError(f"{path}: expected a string, got {value!r}")
+            raise ConfigError(f"{path}: expected a string, got {brief(value)}")
         return str(value)
     return value
 
@@ -188,7 +190,7 @@ def from_dict(cls, data: dict | None, path: str = ""):
     """Build dataclass `cls` from a mapping, checking every key and value."""
     data = {} if data is None else data
     if not isinstance(data, dict):
-        raise ConfigError(f"{path or cls.__name__}: expected a mapping, got {data!r}")
+        raise ConfigError(f"{path or cls.__name__}: expected a mapping, got {brief(data)}")
     hints = _hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls)}
     names = list(fields)
@@ -226,11 +228,17 @@ def signature_config(fn, params: dict, path: str) -> dict:
     return out
 
 
-def check_time(value: str, path: str) -> Time:
+def check_time(value: str, path: str, positive: bool = False) -> Time:
+    """`value` as typed time, or a ConfigError naming `path`; `positive`: it must be longer than
+    zero (an interval: how often something happens)."""
     try:
-        return Time.parse(value)
+        t = Time.parse(value)
     except (ValueError, TypeError) as e:
         raise ConfigError(f"{path}: {e}") from e
+    if positive and not t.value > 0:
+        raise ConfigError(f"{path}: {brief(value)} is not an interval: give a typed time longer than zero, "
+                          "e.g. 500ba, 1ep, 0.25dur or 30s")
+    return t
 
 
 # ---------------------------------------------------------------------------- the reference
@@ -269,7 +277,9 @@ def _allowed(f: dataclasses.Field, tp) -> str:
         return " \\| ".join(str(a) for a in typing.get_args(tp))
     meta = f.metadata
     parts = [_range(meta)] if _range(meta) else []
-    if meta.get("time"):
+    if meta.get("interval"):
+        parts.append("typed time > 0")
+    elif meta.get("time"):
         parts.append("typed time")
     return ", ".join(parts)
 

@@ -24,7 +24,7 @@ from .data.sharding import RankShare
 from .distributed.prepare import ParallelOptions
 from .distributed.world import all_sum
 from .errors import TrainingError
-from .loss import checked_loss, default_loss, loss_fault  # noqa: F401  (default_loss, loss_fault: re-exported)
+from .loss import IGNORE_INDEX, checked_loss, default_loss, loss_fault  # noqa: F401  (loss_fault: re-exported)
 from .runtime import PRECISIONS, Runtime  # noqa: F401  (PRECISIONS: re-exported)
 
 # Events as module constants: looking members up on an Enum class is slow in Python 3.11.
@@ -56,6 +56,8 @@ class Trainer:
     host_allocator: 'default' (the default) leaves glibc malloc as it is; 'auto' tunes its
         thresholds when training on the CPU (what `hasten train` does), 'tuned' whatever the
         device (see hasten.allocator).
+    quality: (metric, 'max' or 'min'), what judges the run where something must choose (EMA
+        and SWA keep the average only if it evaluates better); default ('val/loss', 'min').
 
     The keywords are grouped (hasten.assemble: Durations, StepOptions, CheckpointOptions,
     ParallelOptions) and handed to `hasten.assemble.assemble`, the one place a run is put
@@ -72,7 +74,8 @@ class Trainer:
                  save_interval: "str | Time | None" = None, load_path: str | None = None, autoresume: bool = False,
                  log_interval: "str | Time" = "50ba", batch_fn: Callable = inputs_targets,
                  count_tokens: Callable = token_count, checkpoint_io=None, host_allocator: str | None = None,
-                 runtime: Runtime | None = None, sync_batchnorm: bool = False, fsdp: "dict | None" = None):
+                 runtime: Runtime | None = None, sync_batchnorm: bool = False, fsdp: "dict | None" = None,
+                 quality: "tuple[str, str] | None" = None):
         step = StepOptions(grad_accum, grad_clip_norm, compile, batch_fn, count_tokens)   # checks grad_accum first
         self._adopt(assemble(
             model, runtime_for(runtime, device=device, precision=precision, seed=seed, host_allocator=host_allocator),
@@ -80,7 +83,7 @@ class Trainer:
             schedulers=schedulers, loss_fn=loss_fn, metrics=metrics, algorithms=algorithms, callbacks=callbacks,
             loggers=loggers, durations=Durations(max_duration, eval_interval, log_interval), step=step,
             checkpoints=CheckpointOptions(save_folder, save_interval, load_path, autoresume, checkpoint_io),
-            parallel=ParallelOptions(sync_batchnorm, fsdp)))
+            parallel=ParallelOptions(sync_batchnorm, fsdp), quality=quality))
 
     @classmethod
     def from_parts(cls, parts: Parts) -> "Trainer":
@@ -99,8 +102,9 @@ class Trainer:
         self.grad_clip_norm, self.host_allocator = parts.step.grad_clip_norm, parts.runtime.allocator_report
         self._eval_model, self._grad_sync = parts.prepared.eval_model, parts.prepared.grad_sync
         self._stop = parts.stop
+        self.state.evaluate = self._evaluate_for_algorithms if parts.eval_dataloader is not None else None
         self._on_cpu = self.device.type == "cpu"   # CPU batches need no move
-        self._fused_mean = False
+        self._fused_mean = self._count_targets = False
         self._share: RankShare | None = None      # data parallel: this rank's share of each batch (set by fit)
         self._evaluated_at: int | None = None     # batch of the last evaluation during fit
 
@@ -148,6 +152,8 @@ class Trainer:
         if state.train_dataloader is None:
             raise ValueError("fit() needs a train_dataloader")
         loader = state.train_dataloader
+        if hasattr(loader, "__len__") and len(loader) == 0:
+            raise TrainingError(empty_loader_message(loader, state.timestamp.epoch))
         step = self._forward_backward
         for algo in state.algorithms:
             step = algo.wrap_step(step)
@@ -159,7 +165,9 @@ class Trainer:
         state.train_loss_fn = train_loss
         # the default loss with nobody reading per-sample losses: the mean inside the loss kernel
         self._fused_mean = (state.grad_accum == 1 and Event.AFTER_LOSS not in self.engine.active
-                            and train_loss is default_loss)
+                            and train_loss is default_loss and self.world.size == 1)
+        # otherwise the step's per-target losses are divided by its counted targets (reduce_loss)
+        self._count_targets = not self._fused_mean
         self._autocast_ctx = self.runtime.autocast()   # one context for every step (fp32: a shared no-op)
         self._share = RankShare(loader, self.world) if self.world.size > 1 else None
         self._progress_schedules = [s for s in state.schedulers if hasattr(s, "apply")]
@@ -211,6 +219,8 @@ class Trainer:
             try:
                 batch = next(batches)                                  # fetch
             except StopIteration:
+                if state.timestamp.batch_in_epoch == 0:                # an epoch with no batch would repeat forever
+                    raise TrainingError(empty_loader_message(state.train_dataloader, state.timestamp.epoch)) from None
                 return True
             except Exception:
                 if self._stop_on_signal():   # Ctrl-C reached loader workers too: the last step is saved
@@ -249,15 +259,19 @@ class Trainer:
     def _forward_backward(self, state: State) -> None:
         """The default step (algorithms may wrap it): forward, loss, reduction and backward
         of every micro-batch; `micro_batch_weight` is a micro-batch's share of the step's
-        samples. Under data parallelism `state.batch` is this rank's share of the global batch
-        (taken at fetch), its micro-batches weighted by the rank's share (`_rank_scale`) so that
-        DDP's gradient average is the global mean, and gradients are all-reduced on the last
-        micro-batch only (what `no_sync` does)."""
+        samples. Per-target losses of class or token ids are summed and divided by the step's
+        counted targets (those that are not the ignore index, -100), counted over all micro-batches
+        before the first backward and, under data parallelism, over all ranks (`loss_weight`).
+        Under data parallelism `state.batch` is this rank's share of the global batch (taken at
+        fetch), gradients are all-reduced on the last micro-batch only (what `no_sync` does), and
+        a loss of another shape is weighted by the rank's share (`RankShare.rank_scale`), so that
+        DDP's gradient average is the global mean either way."""
         fire, on, autocast, batch_fn = self.engine.run, self.engine.active, self._autocast_ctx, self.batch_fn
         batch, k, grad_sync = state.batch, state.grad_accum, self._grad_sync
         scale = self._share.rank_scale if self._share is not None else 1.0
         micros = (batch,) if k == 1 else split_batch(batch, k)
         total = batch_size(batch) if k > 1 or scale != 1.0 else 0
+        state.loss_weight = self._loss_weight(micros) if self._count_targets else None
         for i, micro in enumerate(micros):
             state.micro_batch, state.micro_batch_index = micro, i
             state.micro_batch_weight = batch_size(micro) / total * scale if total else scale
@@ -272,12 +286,31 @@ class Trainer:
             with autocast:
                 state.loss = self._training_loss(state.outputs, targets)
             state.loss_count = state.loss.numel()
+            state.loss_per_target = state.loss_weight is not None and state.loss_count == targets.numel()
             if AFTER_LOSS in on: fire(AFTER_LOSS)                      # noqa: E701  per-sample losses: reweight, drop
             state.loss = loss = self.reduce_loss(state.loss)
             state.step_losses.append(loss.detach())                    # read at log points only
             if BEFORE_BACKWARD in on: fire(BEFORE_BACKWARD)                            # noqa: E701
             (loss if state.scaler is None else state.scaler.scale(loss)).backward()
             if AFTER_BACKWARD in on: fire(AFTER_BACKWARD)                              # noqa: E701
+
+    def _loss_weight(self, micros) -> "torch.Tensor | None":
+        """world size / the step's targets that count (not the ignore index), on the device: the
+        weight of one per-target loss. None when the targets are not class or token ids. Under
+        data parallelism one all-reduce of the count, which every rank joins (an empty share
+        counts 0)."""
+        count = None
+        for micro in micros:
+            targets = self.batch_fn(micro)[1]
+            if not isinstance(targets, torch.Tensor) or targets.is_floating_point() or targets.is_complex():
+                return None
+            c = (targets != IGNORE_INDEX).sum()
+            count = c if count is None else count + c
+        if count is None:
+            return None
+        if self._share is not None:
+            torch.distributed.all_reduce(count)
+        return self.world.size / count.clamp_min(1)
 
     def _epoch_complete(self) -> bool:
         """After a stop: the epoch is complete when its last batch was the stopping point."""
@@ -290,15 +323,23 @@ class Trainer:
         return checked_loss(_mean_loss if self._fused_mean else self.state.train_loss_fn, outputs, targets)
 
     def reduce_loss(self, loss: torch.Tensor) -> torch.Tensor:
-        """Mean over the samples of the whole step: sum / count, weighted by micro-batch share.
+        """The step's mean, this micro-batch's part of it.
 
-        `loss_count` is the number of elements before algorithms changed them: an algorithm
-        that zeroes or drops samples keeps them in the denominator; one that reweights
-        (InfoBatch) scales them.
+        Per-target losses of class or token ids (`state.loss_per_target`): their sum times
+        `state.loss_weight`, so the step's loss is the mean over the targets that count (an
+        ignore-index target, -100, counts nowhere: its loss is 0 and it is not in the
+        denominator). Other losses: the mean over the micro-batch's elements, weighted by its
+        share of the step's samples. Either way the denominator is fixed before algorithms act:
+        an algorithm that zeroes or drops samples keeps them in it; one that reweights
+        (InfoBatch) scales them. A scalar loss is weighted by the micro-batch's share.
         """
         state = self.state
         if loss.dim() == 0:
+            if state.micro_batch_weight == 0.0:   # an empty share: a mean over nothing is NaN; it counts nothing
+                return torch.where(torch.isfinite(loss), loss, torch.zeros_like(loss)) * 0.0
             return loss * state.micro_batch_weight if state.micro_batch_weight != 1.0 else loss
+        if state.loss_per_target:
+            return loss.sum() * state.loss_weight
         if state.micro_batch_weight == 1.0 and loss.numel() == state.loss_count:
             return loss.mean()
         if not state.loss_count:   # an empty share (a global batch smaller than the world): nothing to learn
@@ -393,9 +434,12 @@ class Trainer:
 
     def _log_train(self) -> None:
         state = self.state
-        loss = state.read_train_loss()
-        if loss is not None and self.world.size > 1:
-            loss = all_sum(self.device, loss) / self.world.size   # each rank holds its weighted share
+        if self.world.size > 1:   # every rank joins, whatever its share held (each holds its weighted share)
+            loss = state.read_train_loss(check=False)
+            total, ranks = all_sum(self.device, 0.0 if loss is None else loss, 0.0 if loss is None else 1.0)
+            loss = state.check_train_loss(total / self.world.size) if ranks else None
+        else:
+            loss = state.read_train_loss()
         if loss is not None:
             self.logger.log({"train/loss": loss, "train/lr": state.lr(), "train/epoch": state.timestamp.epoch,
                              "time/train_seconds": state.timestamp.train_seconds})
@@ -424,8 +468,18 @@ class Trainer:
     # ------------------------------------------------------------------ evaluate / predict
     @torch.inference_mode()
     def evaluate(self, dataloader: Iterable | None = None, prefix: str = "val") -> dict[str, float]:
-        """Mean loss over all samples (or tokens) and the metrics, under inference mode."""
-        state, run = self.state, self.engine.run
+        """Mean loss over all samples (or the tokens that count) and the metrics, under inference
+        mode; logged, and seen by algorithms and callbacks."""
+        return self._evaluate(dataloader, prefix, record=True)
+
+    @torch.inference_mode()
+    def _evaluate_for_algorithms(self) -> dict[str, float]:
+        """`state.evaluate`: the model as it is now on the evaluation data, seen by algorithms
+        only (their evaluation events run: test-time augmentation counts), not logged."""
+        return self._evaluate(None, "val", record=False)
+
+    def _evaluate(self, dataloader, prefix: str, record: bool) -> dict[str, float]:
+        state, run = self.state, (self.engine.run if record else self.engine.run_algorithms)
         dataloader = dataloader if dataloader is not None else self.eval_dataloader
         if dataloader is None:
             raise ValueError("evaluate() needs a dataloader (or eval_dataloader= on the Trainer)")
@@ -437,7 +491,7 @@ class Trainer:
         train_forward, state.forward_model = state.forward_model, self._eval_model
         run(EVAL_START)
         loss_sum = torch.zeros((), device=self.device, dtype=torch.float64)
-        count, world = 0, self.world
+        count, world = torch.zeros((), device=self.device, dtype=torch.int64), self.world
         shared = RankShare(dataloader, world, "evaluation") if world.size > 1 else None
         for batch in dataloader:
             if shared is not None:   # each rank evaluates its share of every batch: every sample counted once
@@ -458,26 +512,29 @@ class Trainer:
                 if targets is not None:
                     loss = checked_loss(state.loss_fn, outputs, targets)
                     loss_sum += loss.double().sum()
-                    count += loss.numel()
+                    count += counted(loss, targets)
             if targets is not None:
                 for m in metrics.values():
                     m.update(outputs.float() if outputs.is_floating_point() else outputs, targets)
             run(EVAL_BATCH_END)
         results = {}
-        total_loss = float(loss_sum)
+        total_loss, count = float(loss_sum), int(count)
         if world.size > 1:   # metrics synchronise themselves in compute() (torchmetrics)
             total_loss, count = all_sum(self.device, total_loss, float(count))
         if count:
             results[f"{prefix}/loss"] = total_loss / count
         for name, m in metrics.items():
             results[f"{prefix}/{name}"] = float(m.compute())
-        state.eval_metrics = results
-        # when, in training time, this evaluation happened (quality against time from the log
-        # alone); its own key, since the training record of the same step has time/train_seconds
-        self.logger.log({**results, "time/train_seconds_at_eval": state.timestamp.train_seconds})
+        if record:
+            state.eval_metrics = results
+            # when, in training time, this evaluation happened (quality against time from the log
+            # alone); its own key, since the training record of the same step has time/train_seconds
+            self.logger.log({**results, "time/train_seconds_at_eval": state.timestamp.train_seconds})
         run(EVAL_END)
         state.forward_model = train_forward
-        self.logger.flush(state.timestamp.batch)
+        if record:
+            self.logger.flush(state.timestamp.batch)
+            results = state.eval_metrics   # an algorithm may have kept other weights at EVAL_END, with their results
         if was_training:
             state.model.train()
         return results
@@ -504,6 +561,26 @@ class Trainer:
 
     def close(self) -> None:
         self.logger.close()
+
+
+def empty_loader_message(loader, epoch: int) -> str:
+    """What to say when the training loader yields no batch in an epoch."""
+    dataset = getattr(loader, "dataset", None)
+    what = type(loader).__name__
+    if dataset is not None and hasattr(dataset, "__len__"):
+        what += (f" over {len(dataset)} samples, batch_size {getattr(loader, 'batch_size', '?')}, "
+                 f"drop_last {getattr(loader, 'drop_last', '?')}")
+    return (f"the training loader ({what}) yields no batch in epoch {epoch}: its data is empty, or smaller than one "
+            "batch with drop_last=True; give it more data, a smaller batch size or drop_last=False")
+
+
+def counted(loss: torch.Tensor, targets) -> "torch.Tensor | int":
+    """How many of a batch's losses count in a mean: for per-target losses of class or token
+    ids, the targets that are not the ignore index; otherwise every element (a scalar: one)."""
+    if (loss.dim() and isinstance(targets, torch.Tensor) and loss.numel() == targets.numel()
+            and not targets.is_floating_point() and not targets.is_complex()):
+        return (targets != IGNORE_INDEX).sum()
+    return loss.numel()
 
 
 def _mean_loss(outputs, targets):

@@ -3,7 +3,8 @@ with torchrun's environment (RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, MASTER_P
 
     python ddp_job.py MODEL OUT.pt [GRAD_ACCUM]
 
-MODEL: mlp, gpt, convbn (a conv net with batch norm), convbn-ghost4 (the same with ghost
+MODEL: mlp, gpt, gpt-b1 (a global batch of one window), gpt-masked (targets mostly the ignore
+index, global batch 3), convbn (a conv net with batch norm), convbn-ghost4 (the same with ghost
 batch norm of 4 samples, the per-rank batch of two processes), or conv-device (a conv net
 without batch norm on a DeviceLoader that translates, flips and cuts out, global batch 9).
 Rank 0 writes the final weights, the evaluation and the logged training losses to OUT.pt.
@@ -38,7 +39,8 @@ class Remember(LoggerDestination):
         self.rows.append({"step": step, **metrics})
 
 
-def main(model_name: str, out: str, grad_accum: int = 1, sigterm_rank1_at: int = 0, save: str = "") -> None:
+def main(model_name: str, out: str, grad_accum="1", sigterm_rank1_at="0", save: str = "") -> None:
+    grad_accum, sigterm_rank1_at = int(grad_accum), int(sigterm_rank1_at)
     torch.set_num_threads(1)
     parallel = os.environ.get("JOB_PARALLEL", "auto")
     rt = make_runtime(device="cpu", seed=0, timeout_s=60, parallelism=parallel,
@@ -88,6 +90,15 @@ def main(model_name: str, out: str, grad_accum: int = 1, sigterm_rank1_at: int =
         metrics = {}
         train = RandomWindows(tokens[:1500], block_size=16, batch_size=6, seed=0)
         evald = EvalWindows(tokens[1500:], block_size=16, batch_size=5)
+        if model_name == "gpt-b1":   # a global batch of one window: the second rank's share is empty
+            train = RandomWindows(tokens[:1500], block_size=16, batch_size=1, seed=0)
+        elif model_name == "gpt-masked":   # global batches of 3 windows, most targets the ignore index, unevenly
+            wins = [(tokens[i:i + 16], tokens[i + 1:i + 17].clone()) for i in range(0, 1440, 40)]
+            for j, (_, t) in enumerate(wins):
+                t[(j % 3) + 1:] = -100
+            train = [(torch.stack([w[0] for w in wins[i:i + 3]]), torch.stack([w[1] for w in wins[i:i + 3]]))
+                     for i in range(0, len(wins), 3)]
+            evald = train[:4]
         opt = lambda m: torch.optim.AdamW(m.parameters(), lr=3e-3)   # noqa: E731
         if os.environ.get("JOB_OPT") == "muon":   # Muon (fp32 Newton-Schulz) for the blocks' matrices, AdamW for the rest
             from hasten.optim.muon import muon_optimizers
@@ -184,7 +195,6 @@ def main(model_name: str, out: str, grad_accum: int = 1, sigterm_rank1_at: int =
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2], int(sys.argv[3]) if len(sys.argv) > 3 else 1,
-         int(sys.argv[4]) if len(sys.argv) > 4 else 0, sys.argv[5] if len(sys.argv) > 5 else "")
+    main(*sys.argv[1:6])
     from hasten.runtime import leave_worker
     leave_worker(0)   # as hasten's own workers do: no interpreter finalisation under torchrun

@@ -6,8 +6,11 @@ Functional form: `ema_update(ema_tensors, model_tensors, decay)` does
 update number `updates`.
 
 The Algorithm keeps the averaged copy (parameters and floating-point buffers), updates it
-every `update_every` batches after `start`, and swaps it in for evaluation (and at the end
-of fit, when `final_swap`), restoring the trained weights afterwards.
+every `update_every` batches after `start`, and swaps it in for evaluation, restoring the
+trained weights afterwards. At the end of fit (`final_swap`) it keeps whichever of the average
+and the trained weights evaluates better, and says which (hasten.algorithms._averaging); with
+`bn_batches`, batch-norm statistics are recomputed for the average over that many training
+batches (as SWA does) instead of averaged.
 
 Bias correction (on by default), as Adam corrects its moments: update t gives the newest
 weights the share (1 - d) / (1 - d^t) instead of (1 - d), so the average is the
@@ -24,9 +27,10 @@ import warnings
 
 import torch
 
-from ..core import Algorithm, Time
+from ..core import Time
 from ..distributed.tensors import local_tensors, sharded_like
 from ..registry import register_algorithm
+from ._averaging import WeightAverage, recompute_batchnorm
 
 
 @torch.no_grad()
@@ -46,9 +50,9 @@ def _tensors(model: torch.nn.Module) -> list[torch.Tensor]:
 
 
 @register_algorithm("ema")
-class EMA(Algorithm):
+class EMA(WeightAverage):
     def __init__(self, decay: float | None = None, half_life: str | None = None, update_every: int = 1,
-                 start: str = "0ba", final_swap: bool = True, bias_correction: bool = True):
+                 start: str = "0ba", final_swap: bool = True, bias_correction: bool = True, bn_batches: int = 0):
         if decay is not None and half_life is not None:
             raise ValueError("give either decay or half_life, not both")
         if decay is not None and not 0.0 < decay < 1.0:
@@ -61,9 +65,11 @@ class EMA(Algorithm):
         self.decay = decay if decay is not None or half_life is not None else 0.999
         self.update_every, self.start, self.final_swap = update_every, Time.parse(start), final_swap
         self.bias_correction = bias_correction
+        if not isinstance(bn_batches, int) or bn_batches < 0:
+            raise ValueError(f"bn_batches must be a whole number >= 0, got {bn_batches!r}")
+        self.bn_batches = bn_batches
         self.ema: list[torch.Tensor] | None = None
         self.updates = 0
-        self._backup: list[torch.Tensor] | None = None
 
     def _init(self, state) -> None:
         live = _tensors(state.model)
@@ -87,6 +93,7 @@ class EMA(Algorithm):
                                  "initial ones") + "; give a shorter half_life (e.g. '0.1dur')")
 
     def fit_start(self, state, logger):
+        super().fit_start(state, logger)
         self._init(state)
 
     def batch_end(self, state, logger):
@@ -96,29 +103,16 @@ class EMA(Algorithm):
             ema_update(local_tensors(self.ema), local_tensors([t.detach() for t in _tensors(state.model)]),
                        1.0 - ema_weight(d, self.updates, self.bias_correction))
 
-    def eval_start(self, state, logger):
-        if self.ema is not None:
-            self._swap_in(state)
+    def has_average(self) -> bool:
+        return self.ema is not None
 
-    def eval_end(self, state, logger):
-        if self._backup is not None:
-            self._swap_out(state)
+    def _tensors(self, state) -> list[torch.Tensor]:
+        return _tensors(state.model)
 
-    def fit_end(self, state, logger):
-        if self.final_swap and self.ema is not None:
-            with torch.no_grad():
-                torch._foreach_copy_(local_tensors(_tensors(state.model)), local_tensors(self.ema))
-
-    @torch.no_grad()
-    def _swap_in(self, state):
-        live = local_tensors(_tensors(state.model))
-        self._backup = [t.detach().clone() for t in live]
-        torch._foreach_copy_(live, local_tensors(self.ema))
-
-    @torch.no_grad()
-    def _swap_out(self, state):
-        torch._foreach_copy_(local_tensors(_tensors(state.model)), self._backup)
-        self._backup = None
+    def _put_average(self, state) -> None:
+        torch._foreach_copy_(local_tensors(_tensors(state.model)), local_tensors(self.ema))
+        if self.bn_batches:
+            recompute_batchnorm(state, self.bn_batches)
 
     def state_dict(self):
         return {"ema": self.ema, "updates": self.updates} if self.ema is not None else {}

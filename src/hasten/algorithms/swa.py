@@ -10,18 +10,20 @@ batches). Pair it with a high constant or cyclic learning rate over the averagin
 
 Evaluations once an average exists evaluate the averaged model, as EMA's do: the average
 (and its recomputed batch-norm statistics) goes in at EVAL_START and the trained weights
-come back at EVAL_END. So the run's final evaluation measures the model fit leaves behind.
+come back at EVAL_END. At the end of fit the average stays only if it evaluates better than
+the trained weights, and the run says which (hasten.algorithms._averaging); the run's final
+evaluation measures the model fit leaves behind.
 """
 from __future__ import annotations
 
-import itertools
 
 import torch
 from torch.optim.swa_utils import AveragedModel, get_swa_multi_avg_fn
 
-from ..core import Algorithm, as_time
+from ..core import as_time
 from ..distributed.tensors import local_tensors, sharded_like
 from ..registry import register_algorithm
+from ._averaging import WeightAverage, recompute_batchnorm
 
 _swa_update = get_swa_multi_avg_fn()
 
@@ -44,16 +46,16 @@ def _weights_and_buffers(model: torch.nn.Module) -> list[torch.Tensor]:
 
 
 @register_algorithm("swa")
-class SWA(Algorithm):
-    def __init__(self, start: "float | str" = 0.75, update_every: int = 1, bn_batches: int = 50):
+class SWA(WeightAverage):
+    def __init__(self, start: "float | str" = 0.75, update_every: int = 1, bn_batches: int = 50,
+                 final_swap: bool = True):
         self.start = as_time(start, "start")
         if self.start.unit.value == "dur" and self.start.value >= 1.0:
             raise ValueError(f"start must lie before the end of the run, got {start}")
-        self.update_every, self.bn_batches = int(update_every), int(bn_batches)
+        self.update_every, self.bn_batches, self.final_swap = int(update_every), int(bn_batches), final_swap
         self.averaged: list[torch.Tensor] | None = None   # one tensor per parameter (sharded like it)
         self.n_averaged = 0
         self._pending = None
-        self._backup: list[torch.Tensor] | None = None   # the trained weights while an evaluation runs
 
     def _restore_pending(self, state):
         if self._pending is None:
@@ -75,33 +77,25 @@ class SWA(Algorithm):
                 _swa_update(local_tensors(self.averaged), local_tensors(params), self.n_averaged)
             self.n_averaged += 1
 
-    def _apply(self, state) -> None:
+    def has_average(self) -> bool:
+        return self.averaged is not None
+
+    def _tensors(self, state) -> list[torch.Tensor]:
+        return _weights_and_buffers(state.model)
+
+    def _put_average(self, state) -> None:
         """The average into the model, batch-norm statistics recomputed over the first
         `bn_batches` training batches of epoch 0 (the same batches every time)."""
-        loader = state.train_dataloader
-        it = loader.iter_epoch(0) if hasattr(loader, "iter_epoch") else iter(loader)
-        batches = (b[0] if isinstance(b, (tuple, list)) else b for b in itertools.islice(it, self.bn_batches))
-        has_bn = any(isinstance(m, torch.nn.modules.batchnorm._BatchNorm) for m in state.model.modules())
-        apply_swa(state.model, self.averaged, batches if has_bn else (), device=state.device)
+        apply_swa(state.model, self.averaged)
+        recompute_batchnorm(state, self.bn_batches)
 
     def eval_start(self, state, logger):
         self._restore_pending(state)
-        if self.averaged is None:
-            return
-        with torch.no_grad():
-            self._backup = [t.detach().clone() for t in local_tensors(_weights_and_buffers(state.model))]
-        self._apply(state)
-
-    def eval_end(self, state, logger):
-        if self._backup is not None:
-            with torch.no_grad():
-                torch._foreach_copy_(local_tensors(_weights_and_buffers(state.model)), self._backup)
-            self._backup = None
+        super().eval_start(state, logger)
 
     def fit_end(self, state, logger):
         self._restore_pending(state)
-        if self.averaged is not None:
-            self._apply(state)
+        super().fit_end(state, logger)
 
     def state_dict(self):
         return {"averaged": self.averaged, "n": self.n_averaged} if self.averaged is not None else {}

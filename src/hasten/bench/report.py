@@ -159,7 +159,7 @@ def _ci(c):
     if not c or math.isnan(c["ratio"]):
         return "–"
     if math.isnan(c["low"]):
-        return f"{c['ratio']:.3f}x"
+        return f"{c['ratio']:.3f}x" + (" (1 seed: no interval)" if min(c.get("n") or (2,)) < 2 else "")
     return f"{c['ratio']:.3f}x [{c['low']:.3f}, {c['high']:.3f}]"
 
 

@@ -33,6 +33,11 @@ from pathlib import Path
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
+from ..config import load_recipe, to_dict
+from ..errors import ConfigError, brief
+from ..provenance import code_version
+from ..provenance import describe as describe_code
+
 _SPLIT = re.compile(r"\+(?=[A-Za-z_][\w.]*=)")
 
 
@@ -202,16 +207,80 @@ def run_one(spec: Spec, seed: int, out_dir: Path, cap_s: float | None = None) ->
     return record
 
 
-def run_comparison(specs: list[Spec], seeds: list[int], out_dir: Path, cap_s: float | None = None,
-                   console: Console | None = None) -> list[dict]:
-    """Run every spec for every seed, interleaved, skipping runs that runs.jsonl already
-    holds as finished or capped. Raises BenchInterrupted (after recording the stopped run
-    as interrupted) when a KeyboardInterrupt arrives."""
-    console = console or Console(stderr=True)
-    out_dir.mkdir(parents=True, exist_ok=True)
+def run_identity(spec: Spec, cap_s: float | None) -> dict:
+    """What defines a run besides its seed: the recipe as its overrides resolve it, and the
+    harness's options (time cap, processes)."""
+    try:
+        recipe = to_dict(load_recipe(spec.recipe, spec.overrides))
+    except ConfigError:   # a recipe that does not load (its run will fail and say why): the spec as given
+        return {"spec": {"recipe": spec.recipe, "overrides": list(spec.overrides)}, "cap_s": cap_s, "nproc": spec.nproc}
+    recipe["trainer"] = {k: v for k, v in recipe["trainer"].items() if k != "seed"}
+    return {"recipe": recipe, "cap_s": cap_s, "nproc": spec.nproc}
+
+
+def differences(a: dict, b: dict, prefix: str = "") -> list[str]:
+    """'key: old -> new' for every setting both nested dicts hold and hold differently (a key
+    one of them lacks is a setting a later hasten added with its default: not a difference)."""
+    out = []
+    for k in sorted(set(a) & set(b), key=str):
+        x, y = a[k], b[k]
+        if isinstance(x, dict) and isinstance(y, dict):
+            out += differences(x, y, f"{prefix}{k}.")
+        elif x != y:
+            out.append(f"{prefix}{k}: {brief(x, 40)} -> {brief(y, 40)}")
+    return out
+
+
+def _check_same_runs(earlier: list[dict], identity: dict, runs_file: Path, console) -> None:
+    """Runs already in the file count only if they were made with the same settings: any other
+    counted run of the same label is refused in one line naming the difference. Runs recorded
+    before hasten kept settings are taken as they are (said once); runs of other code are
+    said once (long comparisons continue across commits)."""
+    legacy, other_code, here = 0, set(), code_version()
+    for r in earlier:
+        if outcome(r) not in COUNTED:
+            continue
+        if r.get("identity") is None:
+            legacy += 1
+        elif differences(r["identity"], identity[r["label"]]):
+            diff = differences(r["identity"], identity[r["label"]])
+            raise ConfigError(f"{runs_file} holds runs of {r['label']} made with other settings "
+                              f"({'; '.join(diff[:3])}{'; ...' if len(diff) > 3 else ''}); give --name for a new "
+                              "comparison, or the settings those runs had")
+        code = (r.get("final") or {}).get("code")
+        if code and code.get("commit") != here.get("commit"):
+            other_code.add(describe_code(code))
+    if legacy:
+        console.print(f"note: {legacy} run(s) in {runs_file} were recorded before hasten kept their settings; "
+                      "they are counted as made with these")
+    if other_code:
+        console.print(f"note: runs in {runs_file} were made by other code ({'; '.join(sorted(other_code))[:200]}); "
+                      f"this is {describe_code(here)}")
+
+
+def check_earlier_runs(specs: list[Spec], seeds: list[int], out_dir: Path, cap_s: float | None,
+                       console) -> tuple[list[dict], dict]:
+    """(the runs already in out_dir that this comparison continues, each spec's identity); a
+    ConfigError when runs of the same label were made with other settings. Writes nothing."""
     runs_file = out_dir / "runs.jsonl"
     _drop_torn_tail(runs_file)
-    done = {(r["label"], r["seed"]) for r in load_runs(runs_file) if outcome(r) in COUNTED}
+    identity = {s.label: run_identity(s, cap_s) for s in specs}
+    earlier = [r for r in load_runs(runs_file) if r["label"] in identity and r["seed"] in seeds]
+    _check_same_runs(earlier, identity, runs_file, console)
+    return earlier, identity
+
+
+def run_comparison(specs: list[Spec], seeds: list[int], out_dir: Path, cap_s: float | None = None,
+                   console: Console | None = None, metric: str | None = None) -> list[dict]:
+    """Run every spec for every seed, interleaved, skipping runs that runs.jsonl already
+    holds as finished or capped. Raises BenchInterrupted (after recording the stopped run
+    as interrupted) when a KeyboardInterrupt arrives, and a ConfigError after the first
+    evaluation of a run that does not log `metric` (the target's)."""
+    console = console or Console(stderr=True)
+    earlier, identity = check_earlier_runs(specs, seeds, out_dir, cap_s, console)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    runs_file = out_dir / "runs.jsonl"
+    done = {(r["label"], r["seed"]) for r in earlier if outcome(r) in COUNTED}
     todo = [(s, seed) for seed in seeds for s in specs if (s.label, seed) not in done]
     if done:
         console.print(f"continuing: {len(done)} runs already in {runs_file}, {len(todo)} to go")
@@ -221,12 +290,17 @@ def run_comparison(specs: list[Spec], seeds: list[int], out_dir: Path, cap_s: fl
         for i, (spec, seed) in enumerate(todo):
             progress.update(task, description=f"{spec.label} seed {seed}")
             record = run_one(spec, seed, out_dir, cap_s)
+            record["identity"] = identity[spec.label]
             with open(runs_file, "a") as f:
                 f.write(json.dumps(record) + "\n")
                 f.flush()
                 os.fsync(f.fileno())
             if record.get("interrupt"):
                 raise BenchInterrupted(signal.SIGINT, len(done) + i, len(done) + len(todo))
+            logged = set((record["evals"] or [{}])[0].get("metrics", {})) if record.get("evals") else None
+            if metric and logged is not None and metric not in logged:
+                raise ConfigError(f"the target's metric {metric!r} is not logged by {spec.label} (its evaluations log "
+                                  f"{sorted(logged)}); give --target on one of those")
             if record["status"] == "failed":
                 console.print(f"[red]run failed[/]: {spec.label} seed {seed}: {record.get('error')}; "
                               f"log: {out_dir / 'logs' / record['log']}")
@@ -234,4 +308,5 @@ def run_comparison(specs: list[Spec], seeds: list[int], out_dir: Path, cap_s: fl
                 console.print(f"[yellow]run interrupted[/]: {spec.label} seed {seed} was stopped by a signal; "
                               "not counted, rerun when the comparison is continued")
             progress.advance(task)
-    return [r for r in load_runs(runs_file) if r["label"] in {s.label for s in specs} and r["seed"] in seeds]
+    return [r for r in load_runs(runs_file) if r["label"] in identity and r["seed"] in seeds
+            and not differences(r.get("identity") or {}, identity[r["label"]])]

@@ -57,6 +57,7 @@ def censored_speedup(base: Sequence[Run], other: Sequence[Run], level: float = 0
     if not base or not other:
         return out
     mb, mo = km_median(base), km_median(other)
+    one_each = len(base) < 2 or len(other) < 2   # a resample of one run is that run: no spread, no interval
     longest_b, longest_o = max(t for t, _ in base), max(t for t, _ in other)
     if mb is not None and mo is not None:
         out["ratio"] = mb / mo
@@ -66,7 +67,7 @@ def censored_speedup(base: Sequence[Run], other: Sequence[Run], level: float = 0
         out["bound"], out["ratio_bound"] = "<", mb / longest_o
     rng = random.Random(seed)
     ratios = []
-    for _ in range(resamples):
+    for _ in range(0 if one_each else resamples):
         b = km_median([base[rng.randrange(len(base))] for _ in base])
         o = km_median([other[rng.randrange(len(other))] for _ in other])
         if b is None and o is None:
@@ -93,5 +94,5 @@ def describe_speedup(s: dict | None) -> str:
     else:
         point = "neither reached by half"
     if math.isnan(s["low"]):
-        return point
+        return point + (" (1 seed: no interval)" if min(s.get("runs") or [2]) < 2 else "")
     return f"{point} [{end(s['low'])}, {end(s['high'])}" + (")" if s["high"] == math.inf else "]")

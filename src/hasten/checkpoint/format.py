@@ -50,9 +50,18 @@ def list_checkpoints(folder) -> list[Path]:
 
 
 # ---------------------------------------------------------------------------- reading
+class NewerFormatError(CheckpointError):
+    """A checkpoint written by a newer hasten: not damaged, and not to be skipped or replaced."""
+
+
 def check_payload(payload, path, sharded: bool = False) -> dict:
-    """The payload read from `path`, if it is one of this format; else a CheckpointError."""
+    """The payload read from `path`, if it is one of this format; else a CheckpointError (a
+    NewerFormatError when a newer hasten wrote it)."""
     what = "a hasten sharded checkpoint" if sharded else "a hasten checkpoint"
+    found = payload.get("format") if isinstance(payload, dict) else None
+    if type(found) is int and found > FORMAT and "meta" in payload:
+        raise NewerFormatError(f"{path} was written by a newer hasten (checkpoint format {found}; this one reads format "
+                               f"{FORMAT}): upgrade hasten to resume or load it")
     if not isinstance(payload, dict) or payload.get("format") != FORMAT or "meta" not in payload \
             or (sharded and not payload.get("sharded")):
         raise CheckpointError(f"{path} is not {what} (format {FORMAT})")
@@ -168,10 +177,36 @@ def check_optimizers(state, payload: dict, meta: dict) -> None:
                                   "checkpoint was trained with")
 
 
+def model_mismatch(model: torch.nn.Module, saved: dict) -> str | None:
+    """What keeps a saved state dict from loading into `model` (keys missing on either side,
+    tensors of other shapes), in one line; None when it fits."""
+    mine = model.state_dict()
+    if not isinstance(saved, dict):
+        return "the checkpoint holds no model state dict"
+    missing = [k for k in mine if k not in saved]
+    extra = [k for k in saved if k not in mine]
+    shapes = [f"{k} is {list(saved[k].shape)} there and {list(v.shape)} here" for k, v in mine.items()
+              if k in saved and isinstance(saved[k], torch.Tensor) and isinstance(v, torch.Tensor)
+              and saved[k].shape != v.shape]
+    parts = []
+    for what, items in (("shapes differ", shapes), ("missing from the checkpoint", missing),
+                        ("not in this model", extra)):
+        if items:
+            parts.append(f"{what}: {', '.join(items[:2])}" + (f" (and {len(items) - 2} more)" if len(items) > 2 else ""))
+    return "; ".join(parts) or None
+
+
+MODEL_MISMATCH_FIX = ("the model built now is not the one the checkpoint was trained with: use the model settings "
+                      "it was trained with (for a run folder, its recipe.yaml without model overrides)")
+
+
 def restore_whole_tensors(state, payload: dict, meta: dict, strict: bool = True) -> None:
     """The model's and optimizers' state from a whole checkpoint (into a sharded model too:
     every rank read the same file)."""
     sharded, by_names = state.runtime.world.sharded, meta.get("optimizer_style") == "names"
+    problem = model_mismatch(state.model, payload["model"]) if strict and not sharded else None
+    if problem:
+        raise CheckpointError(f"the checkpoint's model does not match this model ({problem}); {MODEL_MISMATCH_FIX}")
     try:
         if sharded:
             fsdp.load_model_state(state.model, payload["model"])

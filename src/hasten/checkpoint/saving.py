@@ -11,7 +11,7 @@ import warnings
 from pathlib import Path
 
 from ..errors import CheckpointError
-from .format import capture, list_checkpoints, restore_rest, restore_whole_tensors
+from .format import NewerFormatError, capture, list_checkpoints, restore_rest, restore_whole_tensors
 from .sharded import restore_tensors
 from .whole import CheckpointIO
 
@@ -31,13 +31,27 @@ def save(state, path: "str | os.PathLike", io: CheckpointIO, extra_meta: dict | 
     return str(path)
 
 
-def restore(state, payload: dict, strict: bool = True) -> dict:
-    """Load a payload (whole or sharded) into the state; returns the metadata."""
+def restore(state, payload: dict, strict: bool = True, hyperparameters: str = "checkpoint") -> dict:
+    """Load a payload (whole or sharded) into the state; returns the metadata.
+
+    hyperparameters: 'checkpoint' (the default) keeps the optimizers' settings as the checkpoint
+    has them (learning rates, weight decay, momentum: an optimizer's `load_state_dict` restores
+    them all); 'run' puts back the settings the optimizers were built with for this run, for a
+    resume whose recipe changes them on purpose (`hasten train --resume RUN optimizer.lr=... --force`).
+    The schedules' base learning rate (`initial_lr`) follows."""
+    if hyperparameters not in ("checkpoint", "run"):
+        raise ValueError(f"hyperparameters={hyperparameters!r}: use 'checkpoint' or 'run'")
     meta = json.loads(payload["meta"])
+    built = [[{k: v for k, v in g.items() if k != "params"} for g in o.param_groups] for o in state.optimizers]
     if payload.get("sharded_path"):   # a sharded checkpoint: read its shards into this run's tensors
         restore_tensors(state, payload, meta)
     else:
         restore_whole_tensors(state, payload, meta, strict)
+    if hyperparameters == "run":
+        for opt, groups in zip(state.optimizers, built):
+            for group, settings in zip(opt.param_groups, groups):
+                group.update(settings)
+                group["initial_lr"] = settings.get("initial_lr", settings["lr"])
     return restore_rest(state, payload, meta)
 
 
@@ -48,6 +62,8 @@ def load_latest(folder: "str | os.PathLike", io: CheckpointIO | None = None) -> 
     for p in reversed(list_checkpoints(folder)):
         try:
             return p, io.load(p)
+        except NewerFormatError:
+            raise   # not damaged: resuming from an older one would throw its progress away
         except CheckpointError as e:
             warnings.warn(f"skipping unreadable checkpoint: {e}")
     return None

@@ -28,6 +28,7 @@ import torch
 
 from ..build import build_algorithms, build_optimizer
 from ..checkpoint import CheckpointIO, find_latest
+from ..checkpoint.format import MODEL_MISMATCH_FIX, model_mismatch
 from ..config import Recipe, apply_override, parse_override, to_dict, validate
 from ..core import Event, Time
 from ..errors import CheckpointError, ConfigError, first_line
@@ -38,7 +39,7 @@ from ..runs import is_run_folder, stored_recipe
 from ..runtime import make_runtime
 from ..tasks import TASKS
 from ..trainer import Trainer
-from . import pruning, quantize, structured
+from . import outputs, pruning, quantize, structured
 from .artifact import read_artifact, save_artifact
 from .measure import best, inference_cost
 
@@ -153,6 +154,10 @@ def calibration_batches(session: Session, count: int = 2, max_items: int = 128) 
 
 def load_trained(session: Session, ckpt: Path) -> dict:
     payload = CheckpointIO().load(ckpt)
+    problem = model_mismatch(session.model, payload["model"])
+    if problem:
+        raise CheckpointError(f"{ckpt} does not hold this recipe's model ({session.recipe.name}): {problem}; "
+                              f"{MODEL_MISMATCH_FIX}")
     try:
         session.model.load_state_dict(payload["model"])
     except (RuntimeError, KeyError) as e:
@@ -198,7 +203,7 @@ class Result:
     report: dict
 
 
-def _tag(prune, scope, structured_ratio, quant, ft) -> str:
+def _tag(prune, scope, structured_ratio, quant, ft, lr_factor=0.1) -> str:
     parts = []
     if structured_ratio:
         parts.append(f"struct{structured_ratio:g}")
@@ -207,7 +212,7 @@ def _tag(prune, scope, structured_ratio, quant, ft) -> str:
     if quant:
         parts.append(quant)
     if ft:
-        parts.append(f"ft{ft}")
+        parts.append(f"ft{ft}-lr{lr_factor:g}")
     return "-".join(parts) or "dense"
 
 
@@ -232,8 +237,13 @@ def compress_run(source, prune: float = 0.0, scope: str = "global", structured_r
             raise ConfigError(f"--finetune {finetune_for!r}: {e}") from None
     run_dir, ckpt = locate(source)
     recipe = stored_recipe(run_dir, list(overrides))
-    tag = _tag(prune, scope, structured_ratio, quant, finetune_for)
-    out = Path(out) if out else run_dir / "compressed" / f"{tag}.hasten"
+    tag = _tag(prune, scope, structured_ratio, quant, finetune_for, lr_factor)
+    settings = {"checkpoint": str(ckpt.resolve()), "overrides": list(overrides),
+                "compression": {"structured": structured_ratio, "prune": prune, "scope": scope, "quantize": quant,
+                                "finetune": finetune_for, "lr_factor": lr_factor if finetune_for else None}}
+    files = outputs.plan(run_dir / "compressed", tag, out, export, settings)
+    out = files[0]
+    log("will write: " + ", ".join(str(p) for p in files))
     t_start = time.perf_counter()
     log(f"rebuilding {recipe.name} from {run_dir} and loading {ckpt.name}")
     session = open_session(recipe, device)
@@ -297,6 +307,8 @@ def compress_run(source, prune: float = 0.0, scope: str = "global", structured_r
         "torch": torch.__version__, "threads": torch.get_num_threads(), "code": code_version(),
     }
     meta_out = {**record, "recipe": to_dict(recipe), "recipe_name": recipe.name}
+    outputs.clear_temporaries(files)
+    outputs.claim(files, settings)
     size = save_artifact(out, state_dict, meta_out, calibration)
     dense_bytes = _dense_bytes(reference)
     record["bytes"] = {"artifact": size, "dense_fp32": dense_bytes}
@@ -308,6 +320,7 @@ def compress_run(source, prune: float = 0.0, scope: str = "global", structured_r
     report_path = out.with_suffix(".md")
     atomic_write(out.with_suffix(".json"), lambda f: json.dump(record, f, indent=1, default=str), binary=False)
     atomic_write(report_path, lambda f: f.write(render(record)), binary=False)
+    outputs.record(files, settings)
     return Result(artifact=out, report_path=report_path, report=record)
 
 

@@ -46,6 +46,16 @@ class Engine:
                                                                      cbs and f"callbacks: {cbs}") if x))
         return "\n".join(lines)
 
+    def run_algorithms(self, event: Event) -> None:
+        """The algorithms of `event` only: for an evaluation nobody else is to observe (an
+        algorithm comparing two sets of weights before it keeps one)."""
+        entry = self._table.get(event)
+        if entry is None:
+            return
+        for algo, fn, conditional in entry[0]:
+            if not conditional or algo.match(event, self.state):
+                fn(self.state, self.logger)
+
     def run(self, event: Event) -> None:
         entry = self._table.get(event)
         if entry is None:

@@ -36,6 +36,9 @@ class State:
     forward_model: Any = None     # what the forward pass calls: the model, or its compiled form
     batch_fn: Callable | None = None   # batch -> (inputs, targets): the Trainer's batch contract
     autocast: Callable | None = None   # () -> the precision's autocast context, for extra forward passes
+    evaluate: Callable | None = None   # () -> metrics of the model as it is now, seen by algorithms only (not
+                                       # logged, no callbacks); None without an evaluation set
+    quality: tuple = ("val/loss", "min")   # the metric that judges the run and which way is better
     # per step
     batch: Any = None             # the batch of the step, on the device (under data parallelism: this rank's share)
     global_batch_size: int = 0    # under data parallelism: the step's samples on all ranks together (an
@@ -46,6 +49,8 @@ class State:
     outputs: Any = None
     loss: Any = None              # per-sample losses after the loss event, the scalar after reduction
     loss_count: int = 1           # elements the per-sample loss had before algorithms touched it
+    loss_weight: Any = None       # world size / the step's counted targets (a device tensor); None: not ids
+    loss_per_target: bool = False # this micro-batch's loss has one element per target: reduced with loss_weight
     grads_unscaled_at: int = -1   # fp16-mixed: the batch whose gradients the scaler has unscaled already
     # eval
     eval_metrics: dict = field(default_factory=dict)   # last evaluation results, name -> float
@@ -128,8 +133,10 @@ class State:
         return ts.get(unit) >= total
 
     # ------------------------------------------------------------------ loss checks
-    def read_train_loss(self, reset: bool = True) -> float | None:
-        """Mean training loss since the last reset; raises NonFiniteLossError on NaN/Inf.
+    def read_train_loss(self, reset: bool = True, check: bool = True) -> float | None:
+        """Mean training loss since the last reset; raises NonFiniteLossError on NaN/Inf
+        (with `check`; under data parallelism the Trainer checks after summing over the ranks,
+        so that every rank raises, and none is left waiting in the sum).
 
         This is the one place the training loss crosses to the host: the trainer calls it
         at log points, and checkpointing calls it (reset=False) before writing, never every
@@ -138,11 +145,17 @@ class State:
         if not self.step_losses:
             return None
         value = float(torch.stack(self.step_losses).double().sum()) / self.loss_steps_per_read()
+        if check:
+            self.check_train_loss(value)
+        if reset:
+            self.step_losses.clear()
+        return value
+
+    def check_train_loss(self, value: float) -> float:
+        """`value`, once known finite (the batches up to now are then checked); else NonFiniteLossError."""
         if value != value or value in (float("inf"), float("-inf")):
             raise NonFiniteLossError(self.checked_batch + 1, self.timestamp.batch, self.last_checkpoint)
         self.checked_batch = self.timestamp.batch
-        if reset:
-            self.step_losses.clear()
         return value
 
     def loss_steps_per_read(self) -> int:

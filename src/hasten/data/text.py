@@ -10,6 +10,7 @@ from __future__ import annotations
 from importlib import resources
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from ..errors import DataError
@@ -81,7 +82,6 @@ def split_tokens(tokens: torch.Tensor, train_fraction: float = 0.9) -> tuple[tor
 def load_token_file(path, dtype: str = "uint16"):
     """A flat file of token ids (nanoGPT's train.bin / val.bin: uint16 for GPT-2's vocabulary),
     memory-mapped: only the windows drawn are read."""
-    import numpy as np
     p = Path(path).expanduser()
     if not p.is_file():
         raise DatasetNotFoundError(f"token file {p} not found: give a flat binary file of {dtype} token ids "
@@ -89,8 +89,22 @@ def load_token_file(path, dtype: str = "uint16"):
     return np.memmap(p, dtype=np.dtype(dtype), mode="r")
 
 
+def check_token_range(tokens, vocab_size: int, where, key: str = "vocab_size") -> None:
+    """Every id in `tokens` (a tensor or a memory-mapped array, read once in chunks) is in
+    [0, vocab_size); else a DataError naming the file, the largest id and `key`."""
+    n, chunk, lo, hi = len(tokens), 1 << 24, 0, -1
+    for start in range(0, n, chunk):
+        part = tokens[start:start + chunk]
+        part = part.numpy() if isinstance(part, torch.Tensor) else np.asarray(part)
+        if part.size:
+            lo, hi = min(lo, int(part.min())), max(hi, int(part.max()))
+    if lo < 0 or hi >= vocab_size:
+        bad = lo if lo < 0 else hi
+        raise DataError(f"{where}: token id {bad} is outside the vocabulary [0, {vocab_size}); set {key} to at least "
+                        f"{hi + 1} or check the file's token_dtype")
+
+
 def _as_long(tokens) -> torch.Tensor:
-    import numpy as np
     if isinstance(tokens, np.ndarray):
         return torch.from_numpy(np.asarray(tokens, dtype=np.int64))
     return tokens.long()

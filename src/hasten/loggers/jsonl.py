@@ -2,8 +2,10 @@
 
 On resume from a checkpoint at step B, rows of steps after B (written by the run before it
 was killed, for steps it is about to train again) are dropped, so each step is written
-once. The first `train/loss` after a resume averages the steps since the resume point only
-(the window of losses is not part of a checkpoint).
+once; a run that starts over (every checkpoint gone) rewinds to step 0 the same way. Only
+rows hasten writes are dropped (a JSON object with a whole-number `step`): any other line in
+the file is kept as it is. The first `train/loss` after a resume averages the steps since the
+resume point only (the window of losses is not part of a checkpoint).
 """
 from __future__ import annotations
 
@@ -28,16 +30,23 @@ class JSONLLogger(LoggerDestination):
 
     def resume_at(self, step: int) -> None:
         self._f.close()
-        keep = []
+        keep, dropped = [], False
         with open(self.path) as f:
-            for line in f:
-                try:
-                    row = json.loads(line)
-                except json.JSONDecodeError:
-                    continue   # a line torn by a kill
-                if not isinstance(row.get("step"), int) or row["step"] <= step:
-                    keep.append(line if line.endswith("\n") else line + "\n")
-        atomic_write(self.path, lambda f: f.writelines(keep), binary=False)
+            lines = f.readlines()
+        for i, line in enumerate(lines):
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError:
+                if i == len(lines) - 1 and not line.endswith("\n"):   # a last row torn by a kill
+                    dropped = True
+                    continue
+                row = None
+            if isinstance(row, dict) and type(row.get("step")) is int and row["step"] > step:
+                dropped = True   # hasten's row of a step the run is about to train again
+                continue
+            keep.append(line if line.endswith("\n") else line + "\n")
+        if dropped:
+            atomic_write(self.path, lambda f: f.writelines(keep), binary=False)
         self._f = open(self.path, "a", buffering=1)
 
     def log_hparams(self, hparams):

@@ -73,6 +73,7 @@ class TaskSpec:
     build: `build(recipe, runtime) -> Built`; the runtime (hasten.runtime) is resolved and
         seeded before it is called, so the model it makes is initialised under the seed.
     quality: the metric a run is judged by and its direction (bench targets, compress reports).
+    logs: the metrics its evaluation logs (a bench target must name one of them).
     example_inputs: `f(built, n)` -> `n` inputs for the model (latency and export).
     compress_refusal: why `hasten compress` cannot take this task's runs; None when it can.
     """
@@ -83,6 +84,7 @@ class TaskSpec:
     parse_model: Callable[[dict], Any]
     build: Callable[[Any, Any], Built]
     quality: Quality
+    logs: tuple[str, ...] = ("val/loss",)
     aliases: tuple[str, ...] = ()
     example_inputs: Callable[[Built, int], torch.Tensor] = first_inputs
     compress_refusal: str | None = None

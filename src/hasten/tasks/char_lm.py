@@ -6,8 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Literal, Optional
 
-from ..data.text import (ByteTokenizer, CharTokenizer, EvalWindows, RandomWindows, load_text, load_token_file,
-                         split_tokens)
+from ..data.text import (ByteTokenizer, CharTokenizer, EvalWindows, RandomWindows, check_token_range, load_text,
+                         load_token_file, split_tokens)
 from ..errors import ConfigError, DataError
 from ..models.gpt import GPT, GPTConfig
 from ..schema import from_dict, setting
@@ -25,7 +25,7 @@ class DataConfig:
     """Flat token-id file for training (tokenizer: none)."""
     val_file: Optional[str] = None
     """Flat token-id file for validation (tokenizer: none)."""
-    token_dtype: str = "uint16"
+    token_dtype: Literal["uint8", "uint16", "int16", "uint32", "int32", "int64"] = "uint16"
     """The token files' integer type (uint16 for GPT-2's vocabulary)."""
     eval_tokens: Optional[int] = setting(None, ge=1)
     """Evaluate on the first N validation tokens (default: all)."""
@@ -80,6 +80,9 @@ def build(recipe, runtime) -> Built:
         m = replace(m, block_size=block)
     if tok is not None and m.vocab_size != tok.vocab_size:
         m = replace(m, vocab_size=tok.vocab_size)
+    if tok is None:   # token files: every id must index the model's embedding
+        for split, tokens, path in (("training", train, d.train_file), ("validation", val, d.val_file)):
+            check_token_range(tokens, m.vocab_size, path, "model.vocab_size")
     try:
         cfg = GPTConfig(**{k: v for k, v in vars(m).items() if k != "name"})
     except ValueError as e:

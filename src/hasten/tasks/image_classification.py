@@ -144,4 +144,4 @@ def build(recipe, runtime) -> Built:
 SPEC = register_task(TaskSpec(
     name="image_classification", description="CIFAR-10 or an image folder, with the reference conv nets",
     data_config=DataConfig, model_config=NamedModel, parse_model=model_config, build=build,
-    quality=Quality("val/acc", "max")))
+    quality=Quality("val/acc", "max"), logs=("val/loss", "val/acc")))
