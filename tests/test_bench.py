@@ -211,6 +211,7 @@ def test_long_labels_that_share_a_prefix_get_their_own_logs(tmp_path, monkeypatc
     assert len(logs) == 2 and all((tmp_path / "logs" / n).read_text() for n in logs)
 
 
+@pytest.mark.slow
 def test_harness_detects_a_known_slowdown_and_not_a_phantom_one(tmp_path, capsys):
     """Real runs in their own processes: the same recipe against itself must give a ratio
     near 1.0 (not its 95% interval containing 1.0, which fails 1 run in 20 by construction

@@ -2,12 +2,14 @@
 import json
 import subprocess
 import sys
-from pathlib import Path
+
 
 import pytest
 
 from hasten import __version__
 from hasten.cli import main
+
+from tiny import run_cli
 
 
 def _hasten(*args, cwd=None):
@@ -25,7 +27,7 @@ def test_version_and_recipes(capsys):
 
 
 def test_train_short_run_prints_results_and_paths(tmp_path):
-    r = _hasten("train", "trainer.max_duration=30ba", "trainer.eval_interval=15ba", "data.batch_size=4",
+    r = run_cli("train", "trainer.max_duration=30ba", "trainer.eval_interval=15ba", "data.batch_size=4",
                 "model.n_layer=1", "--no-progress", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     assert "final val/loss=" in r.stdout and "checkpoint: runs/shakespeare-char-baseline-" in r.stdout
@@ -69,7 +71,7 @@ def test_cifar_baseline_smoke_on_tiny_generated_data(tmp_path):
                 buf = io.BytesIO()
                 Image.fromarray(rng.integers(0, 256, (32, 32, 3), dtype=np.uint8)).save(buf, format="PNG")
                 zf.writestr(f"{split}/{CLASSES[i % 10]}/{i:05d}.png", buf.getvalue())
-    r = _hasten("train", "cifar10-baseline", f"data.path={path}", "data.batch_size=8", "data.num_workers=0",
+    r = run_cli("train", "cifar10-baseline", f"data.path={path}", "data.batch_size=8", "data.num_workers=0",
                 "model.width=4", "trainer.max_duration=2ep", "schedule.warmup=1ep", "--no-progress", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     assert "val/acc=" in r.stdout
@@ -92,7 +94,7 @@ def _tiny_official_cifar(path, n=24):
 @pytest.mark.parametrize("recipe", ["cifar10-fast", "cifar10-fast-lookahead", "cifar10-narrow-infobatch", "cifar10-narrow-selective-backprop"])
 def test_vision_recipes_run_on_tiny_data(tmp_path, recipe):
     path = _tiny_official_cifar(tmp_path / "cifar")
-    r = _hasten("train", recipe, f"data.path={path}", "data.batch_size=16", "data.eval_batch_size=40",
+    r = run_cli("train", recipe, f"data.path={path}", "data.batch_size=16", "data.eval_batch_size=40",
                 "model.widths=[8,8,8]", "trainer.max_duration=3ep", "trainer.eval_interval=3ep",
                 "algorithms.patch_whitening.num_images=100", "--no-progress", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
@@ -110,10 +112,10 @@ def test_imagenet_recipes_smoke_on_a_generated_image_folder(tmp_path):
                 h, w = rng.integers(40, 72, 2)
                 Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8)).save(tmp_path / "img" / split / c / f"{i}.jpg")
     for recipe in ("resnet50-imagenet-baseline", "resnet50-imagenet-fast"):
-        r = _hasten("train", recipe, f"data.path={tmp_path / 'img'}", "data.image_size=32", "data.eval_resize=36",
+        r = run_cli("train", recipe, f"data.path={tmp_path / 'img'}", "data.image_size=32", "data.eval_resize=36",
                     "data.batch_size=4", "data.eval_batch_size=4", "data.num_workers=0", "model.num_classes=2",
                     "model.width=8", "trainer.max_duration=1ep", "schedule.warmup=1ba", "--no-progress", cwd=tmp_path)
         assert r.returncode == 0, (recipe, r.stderr[-2000:])
         assert "val/acc=" in r.stdout
-    r = _hasten("train", "resnet50-imagenet-baseline", f"data.path={tmp_path / 'nothing'}", "--no-progress", cwd=tmp_path)
+    r = run_cli("train", "resnet50-imagenet-baseline", f"data.path={tmp_path / 'nothing'}", "--no-progress", cwd=tmp_path)
     assert r.returncode != 0 and "no image folder" in r.stderr

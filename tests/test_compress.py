@@ -18,6 +18,8 @@ from hasten.compress.structured import speedrun_channel_scores
 from hasten.errors import CheckpointError
 from hasten.models import GPT, GPTConfig, SpeedrunNet
 
+from tiny import run_cli
+
 
 def _net(seed=0):
     torch.manual_seed(seed)
@@ -150,6 +152,7 @@ def test_int8_quantization_of_linear_layers_stays_close_to_fp32():
         assert (out.argmax(-1) == ref.argmax(-1)).float().mean() > 0.9
 
 
+@pytest.mark.slow
 def test_int8_static_for_convolutions_agrees_with_fp32():
     pytest.importorskip("torchao")
     torch.manual_seed(0)
@@ -262,7 +265,7 @@ TINY = ["model.n_layer=1", "model.n_embd=32", "model.n_head=2", "trainer.max_dur
 @pytest.fixture(scope="module")
 def trained_run(tmp_path_factory):
     root = tmp_path_factory.mktemp("compress")
-    r = _cli("train", "shakespeare-char-baseline", *TINY, f"trainer.run_dir={root / 'run'}", "--no-progress", cwd=root)
+    r = run_cli("train", "shakespeare-char-baseline", *TINY, f"trainer.run_dir={root / 'run'}", "--no-progress", cwd=root)
     assert r.returncode == 0, r.stderr
     return root
 
@@ -270,14 +273,14 @@ def trained_run(tmp_path_factory):
 def test_compress_then_eval_end_to_end(trained_run):
     pytest.importorskip("torchao")
     root = trained_run
-    r = _cli("compress", "run", "--structured", "0.25", "--prune", "0.5", "--quantize", "int8", "--finetune", "4ba",
+    r = run_cli("compress", "run", "--structured", "0.25", "--prune", "0.5", "--quantize", "int8", "--finetune", "4ba",
              "--no-latency", "--out", "out/tiny.hasten", cwd=root)
     assert r.returncode == 0, r.stderr
     report = json.loads((root / "out" / "tiny.json").read_text())
     assert report["model_changes"] == {"mlp_hidden": 96, "n_head": 2, "head_dim": 16}   # 2 heads: 1.5 rounds to 2
     assert report["parameters"]["nonzero_after"] < report["parameters"]["nonzero_before"]
     assert (root / "out" / "tiny.md").is_file()
-    r = _cli("eval", "out/tiny.hasten", cwd=root)
+    r = run_cli("eval", "out/tiny.hasten", cwd=root)
     assert r.returncode == 0, r.stderr
     loss = float(r.stdout.split("val/loss=")[1].split()[0])
     assert loss == pytest.approx(report["after"]["val/loss"], abs=1e-4)
@@ -297,10 +300,14 @@ def test_compress_refuses_bad_input_in_one_line_and_writes_nothing(trained_run):
     assert r.returncode == 2 and "no such run folder" in r.stderr
 
 
-def test_int8_static_artifact_of_a_conv_run_reloads_to_the_same_evaluation(cifar_zip, tmp_path):
+@pytest.mark.slow
+def test_int8_static_artifact_of_a_conv_run_reloads_to_the_same_evaluation(tmp_path):
     pytest.importorskip("torchao")
-    r = _cli("train", "cifar10-narrow", f"data.path={cifar_zip}", "model.widths=[8,16,16]", "trainer.max_duration=3ba",
-             "trainer.eval_interval=3ba", "trainer.run_dir=run", "--no-progress", cwd=tmp_path)
+    from tiny import image_zip
+    images = image_zip(tmp_path / "images.zip", train=48, test=24)   # the path is the point, not the data
+    r = _cli("train", "cifar10-narrow", f"data.path={images}", "model.widths=[8,16,16]", "trainer.max_duration=3ba",
+             "trainer.eval_interval=3ba", "data.batch_size=16", "data.eval_batch_size=12",
+             "algorithms.patch_whitening.num_images=48", "trainer.run_dir=run", "--no-progress", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     r = _cli("compress", "run", "--structured", "0.25", "--quantize", "int8-static", "--no-latency", "--export",
              "--out", "c.hasten", cwd=tmp_path)

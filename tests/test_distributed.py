@@ -1,9 +1,13 @@
 """Data-parallel training on CPU with gloo, two processes: the same run as one process with
 the same global batch (losses, weights, evaluation), every sample evaluated once."""
+import atexit
+import json
 import os
 import socket
 import subprocess
 import sys
+import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -18,9 +22,87 @@ def _port() -> int:
         return s.getsockname()[1]
 
 
+UNPOOLED = ("JOB_KILL_AT", "JOB_KILL_IN_SAVE", "JOB_TRAP")   # jobs that end or patch their process for good
+
+
+class _Pool:
+    """One process (world 1) or a pair joined in a process group (world 2) running ddp_job
+    jobs one after another (helpers/ddp_pool.py): Python, torch and the group start once."""
+
+    def __init__(self, world: int):
+        self.world, self.procs, self.n = world, None, 0
+
+    def _start(self) -> None:
+        self.control = Path(tempfile.mkdtemp(prefix="hasten-ddp-pool-"))
+        env = {k: v for k, v in os.environ.items() if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE")}
+        env["PYTHONPATH"] = os.pathsep.join([str(JOB.parent)] + ([env["PYTHONPATH"]] if "PYTHONPATH" in env else []))
+        port, self.procs, self.logs, self.n = _port(), [], [], 0
+        for rank in range(self.world):
+            e = dict(env)
+            if self.world > 1:
+                e.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(self.world), MASTER_ADDR="127.0.0.1",
+                         MASTER_PORT=str(port))
+            log = open(self.control / f"rank{rank}.log", "w")
+            self.logs.append(log)
+            self.procs.append(subprocess.Popen([sys.executable, str(JOB.parent / "ddp_pool.py"), str(self.control)],
+                                               env=e, stdout=log, stderr=subprocess.STDOUT))
+
+    def run(self, args: list, env: dict, timeout: float = 180) -> str | None:
+        """Run one job on every rank; None when all say ok, else what went wrong (the pool is
+        then closed, and the next job starts a fresh one)."""
+        if self.procs is None or any(p.poll() is not None for p in self.procs):
+            self._start()
+        n = self.n
+        self.n += 1
+        tmp = self.control / f"job{n}.json.tmp"
+        tmp.write_text(json.dumps({"args": [str(a) for a in args], "env": env}))
+        os.replace(tmp, self.control / f"job{n}.json")
+        done = [self.control / f"done{n}.rank{r}" for r in range(self.world)]
+        deadline = time.time() + timeout
+        while not all(d.exists() for d in done):
+            if time.time() > deadline or any(p.poll() is not None for p in self.procs):
+                return self._fail(f"job {n} {args} did not finish")
+            time.sleep(0.01)
+        bad = [d.read_text() for d in done if d.read_text() != "ok"]
+        return self._fail("\n".join(bad)) if bad else None
+
+    def _fail(self, what: str) -> str:
+        logs = "\n".join((self.control / f"rank{r}.log").read_text()[-3000:] for r in range(self.world))
+        self.close(kill=True)
+        return f"{what}\n{logs}"
+
+    def close(self, kill: bool = False) -> None:
+        if self.procs is None:
+            return
+        if not kill:
+            (self.control / f"job{self.n}.json").write_text(json.dumps({"stop": True}))
+        for p in self.procs:
+            try:
+                p.wait(timeout=0 if kill else 20)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+            if kill and p.poll() is None:
+                p.kill()
+                p.wait()
+        for log in self.logs:
+            log.close()
+        self.procs = None
+
+
+_POOLS = {w: _Pool(w) for w in (1, 2)}
+atexit.register(lambda: [pool.close() for pool in _POOLS.values()])
+
+
 def _launch(tmp_path, model: str, world: int, grad_accum: int = 1, extra: tuple = (), job_env=None,
             expect_killed: bool = False, tag: str = "") -> dict | None:
     out = tmp_path / f"{model}-{world}-{grad_accum}{tag}.pt"
+    pooled = (not expect_killed and not any(k in (job_env or {}) for k in UNPOOLED)
+              and (not extra or extra[0] == "0") and world in _POOLS)
+    if pooled:   # the same job, in processes that stay up between tests
+        problem = _POOLS[world].run([model, out, grad_accum, *extra], dict(job_env or {}))
+        assert problem is None, problem
+        return torch.load(out, weights_only=True)
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE")}
     env.update(job_env or {})
     env["PYTHONPATH"] = os.pathsep.join([str(JOB.parent)] + ([env["PYTHONPATH"]] if "PYTHONPATH" in env else []))

@@ -80,18 +80,16 @@ def test_token_files_are_memory_mapped_windows(tmp_path):
 
 
 def test_gpt2_recipes_smoke_on_generated_token_files(tmp_path):
-    import subprocess
-    import sys
+    from tiny import run_cli
     rng = np.random.default_rng(0)
     for split, n in (("train", 5000), ("val", 600)):
         rng.integers(0, 512, n).astype(np.uint16).tofile(tmp_path / f"{split}.bin")
     for recipe in ("gpt2-small-openwebtext-baseline", "gpt2-small-openwebtext-fast"):
-        r = subprocess.run([sys.executable, "-m", "hasten.cli", "train", recipe, f"data.train_file={tmp_path}/train.bin",
-                            f"data.val_file={tmp_path}/val.bin", "data.block_size=16", "data.batch_size=8",
-                            "data.eval_tokens=256", "model.vocab_size=512", "model.block_size=16", "model.n_layer=1",
-                            "model.n_head=2", "model.n_embd=32", "trainer.grad_accum=2", "trainer.max_duration=4ba",
-                            "trainer.eval_interval=4ba", "schedule.warmup=1ba", "--no-progress"],
-                           capture_output=True, text=True, cwd=tmp_path, timeout=300)
+        r = run_cli("train", recipe, f"data.train_file={tmp_path}/train.bin",
+                    f"data.val_file={tmp_path}/val.bin", "data.block_size=16", "data.batch_size=8",
+                    "data.eval_tokens=256", "model.vocab_size=512", "model.block_size=16", "model.n_layer=1",
+                    "model.n_head=2", "model.n_embd=32", "trainer.grad_accum=2", "trainer.max_duration=4ba",
+                    "trainer.eval_interval=4ba", "schedule.warmup=1ba", "--no-progress", cwd=tmp_path)
         assert r.returncode == 0, (recipe, r.stderr[-2000:])
         assert "val/loss=" in r.stdout
 

@@ -239,6 +239,7 @@ def test_tta_fraction_spends_the_extra_views_on_the_least_sure_images():
         TTA(fraction=1.5)
 
 
+@pytest.mark.slow
 def test_tta_does_not_lower_accuracy_of_a_trained_model(cifar_zip):
     """Measured behaviour: on a small trained CIFAR model, flip+translate TTA does not hurt."""
     from hasten.data.cifar import MEAN, STD, load_cifar10
