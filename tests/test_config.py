@@ -45,7 +45,7 @@ def test_overrides_apply_with_yaml_values():
     ("trainer.max_duration=10 epochs", "trainer.max_duration"),
     ("trainer.seed=abc", "trainer.seed: expected a whole number"),
     ("model.n_layers=3", "Did you mean 'n_layer'"),
-    ("data.tokenizer=words", "choose one of ['char', 'byte', 'none']"),
+    ("data.tokenizer=words", "choose one of ['char', 'byte', 'bpe', 'none']"),
     ("algorithms.emaa.decay=0.9", "Did you mean 'ema'"),
     ("algorithms.ema.decy=0.9", "Did you mean 'decay'"),
     ("task=vision", "not a known task"),

@@ -17,18 +17,22 @@ The grouped options:
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
 import torch
 
 from .algorithms.gradient_clipping import GradientClipping
 from .callbacks.checkpoint import Checkpoint
-from .checkpoint import CheckpointIO, ShardedCheckpointIO, load_latest, restore
+from .checkpoint import CheckpointIO, ShardedCheckpointIO, find_latest, load_latest, restore
+from .checkpoint.format import load_weights
 from .core import Engine, Interval, State, Time, TimeUnit
 from .data.batches import inputs_targets, token_count
 from .distributed.fsdp import FSDPOptions
 from .distributed.prepare import ParallelOptions, Prepared, prepare
 from .distributed.stop import StopCoordinator
+from .errors import CheckpointError
+from .integrations.hf import is_pretrained_folder, load_pretrained_weights
 from .loggers import LogHub
 from .loss import default_loss
 from .runtime import Runtime, make_runtime
@@ -67,6 +71,12 @@ class CheckpointOptions:
     io: CheckpointIO | None = None             # default: one file per checkpoint (sharded under FSDP)
     hyperparameters: str = "checkpoint"        # on resume, the optimizers' settings: the checkpoint's, or
                                                # 'run': as built for this run (a forced change applied)
+    load_mode: str = "full"                    # load_path: 'full' (weights, optimizer, clock) or 'weights'
+                                               # (the model's tensors that fit by name and shape)
+
+    def __post_init__(self):
+        if self.load_mode not in ("full", "weights"):
+            raise ValueError(f"load_mode={self.load_mode!r}: use 'full' or 'weights'")
 
 
 @dataclass
@@ -147,8 +157,7 @@ def assemble(model: "torch.nn.Module | Callable[[], torch.nn.Module]", runtime: 
         if checkpoints.autoresume:
             logger.resume_at(0)   # nothing to resume: the run starts over, and so do its logs (each step once)
         if checkpoints.load_path:
-            resume_from(state, logger, checkpoints.load_path, io.load(checkpoints.load_path),
-                        hyperparameters=checkpoints.hyperparameters)
+            start_from(state, logger, checkpoints, io)
     return parts
 
 
@@ -196,6 +205,34 @@ def on_this_rank(callbacks, world, checkpointer=None) -> list:
     with a sharded model also the checkpointer (gathering the model takes every rank)."""
     return [c for c in callbacks if world.is_main or not getattr(c, "main_rank_only", False)
             or (world.sharded and c is checkpointer)]
+
+
+def start_from(state: State, logger: LogHub, checkpoints: CheckpointOptions, io: CheckpointIO) -> None:
+    """`load_path`: a checkpoint, a run folder (its newest checkpoint) or a Hugging Face
+    `save_pretrained` folder; all of it (`full`) or the model's weights that fit (`weights`)."""
+    path = Path(checkpoints.load_path)
+    if is_pretrained_folder(path):
+        if not hasattr(state.model, "model"):
+            raise CheckpointError(f"{path} is a Hugging Face save_pretrained folder: it loads into a Hugging Face model "
+                                  "(model.name: hf/...), not this one")
+        missing, unexpected = load_pretrained_weights(state.model, path)
+        state.resumed_from = {"path": str(path), "weights_only": True, "fresh": missing, "unused": unexpected}
+        return
+    if path.is_dir() and (path / "checkpoints").is_dir():   # a run folder
+        latest = find_latest(path / "checkpoints", io)
+        if latest is None:
+            raise CheckpointError(f"{path} is a run folder without a checkpoint to start from")
+        path = latest
+    payload = io.load(path)
+    if checkpoints.load_mode == "weights":
+        loaded, fresh, unused = load_weights(state.model, payload["model"])
+        if not loaded:
+            raise CheckpointError(f"no tensor of {path} fits this model by name and shape; is it a checkpoint of "
+                                  "the model you mean to start from?")
+        state.resumed_from = {"path": str(path), "weights_only": True, "loaded": len(loaded), "fresh": fresh,
+                              "unused": unused}
+        return
+    resume_from(state, logger, path, payload, hyperparameters=checkpoints.hyperparameters)
 
 
 def resume_from(state: State, logger: LogHub, path, payload: dict, hyperparameters: str = "checkpoint") -> dict:

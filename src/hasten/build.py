@@ -264,7 +264,7 @@ def _trainer(recipe: Recipe, built: Built, algorithms: list, run_dir: Path, runt
             schedulers=[schedule], loss_fn=built.loss_fn, metrics=built.metrics, algorithms=algorithms,
             callbacks=callbacks, loggers=loggers, durations=_options(Durations, t), step=_options(StepOptions, t),
             checkpoints=CheckpointOptions(load_path=t.load_path, autoresume=t.autoresume, io=io,
-                                          hyperparameters=hyperparameters),
+                                          hyperparameters=hyperparameters, load_mode=t.load_mode),
             parallel=ParallelOptions(sync_batchnorm=t.sync_batchnorm, fsdp=t.fsdp if runtime.world.sharded else None),
             quality=TASKS[recipe.task].quality))
     except ValueError as e:

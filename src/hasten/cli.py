@@ -95,8 +95,7 @@ def _train(args, recipe, console) -> int:
     console.print(f"hasten {__version__}: recipe [bold]{recipe.name}[/] on {state.device} "
                   f"({state.precision}" + (", chosen by precision=auto" if state.runtime.asked_precision == "auto" else "")
                   + f"), {params:,} parameters, max_duration {state.max_duration}"
-                  + (f", resuming at batch {state.timestamp.batch} from {state.resumed_from['path']}"
-                     if state.resumed_from else ""))
+                  + _started_from(state))
     if recipe.trainer.autoresume and not state.resumed_from:
         console.print(f"autoresume: no checkpoint in {run.run_dir} yet; starting the run from the beginning")
     console.print(f"run folder: {run.run_dir}" + (f"; {run.trainer.world.size} processes, data-parallel"
@@ -127,6 +126,17 @@ def _train(args, recipe, console) -> int:
     console.print(f"logs: {run.run_dir / 'metrics.jsonl'}"
                   + (f", TensorBoard: {run.run_dir / 'tensorboard'}" if (run.run_dir / 'tensorboard').exists() else ""))
     return 0
+
+
+def _started_from(state) -> str:
+    r = state.resumed_from
+    if not r:
+        return ""
+    if r.get("weights_only"):
+        fresh = r.get("fresh") or []
+        return (f", starting from the weights of {r['path']}" + (f" ({r['loaded']} tensors)" if "loaded" in r else "")
+                + (f"; fresh: {', '.join(fresh[:4])}{' ...' if len(fresh) > 4 else ''}" if fresh else ""))
+    return f", resuming at batch {state.timestamp.batch} from {r['path']}"
 
 
 def _launch_torchrun(args, recipe) -> int:

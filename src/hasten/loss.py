@@ -19,6 +19,20 @@ IGNORE_INDEX = -100   # a target that counts nowhere: cross-entropy's (and Huggi
 LOSS_FAULTS = (ValueError, IndexError, TypeError, RuntimeError)
 
 
+def logits_of(outputs):
+    """The logits of a model's outputs: a tensor as it is, a `ModelOutput` (or dict) by its
+    `logits`; anything else is refused naming what it was."""
+    if isinstance(outputs, torch.Tensor):
+        return outputs
+    logits = getattr(outputs, "logits", None)
+    if logits is None and isinstance(outputs, dict):
+        logits = outputs.get("logits")
+    if not isinstance(logits, torch.Tensor):
+        raise TypeError(f"the model returned a {type(outputs).__name__} without logits; wrap it so it "
+                        "returns logits (hasten.integrations.hf has adapters for Hugging Face models)")
+    return logits
+
+
 def default_loss(outputs: torch.Tensor, targets: torch.Tensor, reduction: str = "none") -> torch.Tensor:
     """Per-sample (or per-token) cross-entropy: the Trainer does the reduction. A target equal
     to IGNORE_INDEX (-100) gets loss 0 and is left out of the mean (the Trainer divides by the
@@ -26,7 +40,10 @@ def default_loss(outputs: torch.Tensor, targets: torch.Tensor, reduction: str = 
 
     When nothing listens to AFTER_LOSS and there is one micro-batch in one process, the Trainer
     asks for reduction="mean" instead: the same number, computed inside the loss kernel.
+    A Hugging Face `ModelOutput` is read by its logits.
     """
+    if not isinstance(outputs, torch.Tensor):
+        outputs = logits_of(outputs)
     if outputs.dim() > 2:  # (B, T, V) language-model logits
         return F.cross_entropy(outputs.flatten(0, -2).float(), targets.flatten(), reduction=reduction)
     return F.cross_entropy(outputs, targets, reduction=reduction)

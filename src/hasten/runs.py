@@ -35,7 +35,7 @@ RESUME_SAFE = frozenset({
     "trainer.log_interval", "trainer.host_allocator", "trainer.dist_timeout_s", "trainer.keep_last", "trainer.save_interval",
     "data.num_workers", "description"})
 # keys that say where and how to resume, not what the run is
-_RESUME_CONTROL = frozenset({"trainer.run_dir", "trainer.autoresume", "trainer.load_path"})
+_RESUME_CONTROL = frozenset({"trainer.run_dir", "trainer.autoresume", "trainer.load_path", "trainer.load_mode"})
 
 
 def _flat(d: dict, prefix: str = "") -> dict:

@@ -24,7 +24,7 @@ from .data.sharding import RankShare
 from .distributed.prepare import ParallelOptions
 from .distributed.world import all_sum
 from .errors import TrainingError
-from .loss import IGNORE_INDEX, checked_loss, default_loss, loss_fault  # noqa: F401  (loss_fault: re-exported)
+from .loss import IGNORE_INDEX, checked_loss, default_loss, logits_of, loss_fault  # noqa: F401  (loss_fault: re-exported)
 from .runtime import PRECISIONS, Runtime  # noqa: F401  (PRECISIONS: re-exported)
 
 # Events as module constants: looking members up on an Enum class is slow in Python 3.11.
@@ -513,9 +513,10 @@ class Trainer:
                     loss = checked_loss(state.loss_fn, outputs, targets)
                     loss_sum += loss.double().sum()
                     count += counted(loss, targets)
-            if targets is not None:
+            if targets is not None and metrics:
+                logits = logits_of(outputs)
                 for m in metrics.values():
-                    m.update(outputs.float() if outputs.is_floating_point() else outputs, targets)
+                    m.update(logits.float() if logits.is_floating_point() else logits, targets)
             run(EVAL_BATCH_END)
         results = {}
         total_loss, count = float(loss_sum), int(count)

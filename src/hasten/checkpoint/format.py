@@ -196,6 +196,15 @@ def model_mismatch(model: torch.nn.Module, saved: dict) -> str | None:
     return "; ".join(parts) or None
 
 
+def load_weights(model: torch.nn.Module, saved: dict) -> tuple[list[str], list[str], list[str]]:
+    """Copy into `model` the saved tensors that fit by name and shape (a pre-trained encoder
+    into a classifier, say); (loaded, left fresh, unused) names."""
+    mine = model.state_dict()
+    fits = {k: v for k, v in saved.items() if k in mine and isinstance(v, torch.Tensor) and v.shape == mine[k].shape}
+    model.load_state_dict(fits, strict=False)
+    return sorted(fits), sorted(k for k in mine if k not in fits), sorted(k for k in saved if k not in fits)
+
+
 MODEL_MISMATCH_FIX = ("the model built now is not the one the checkpoint was trained with: use the model settings "
                       "it was trained with (for a run folder, its recipe.yaml without model overrides)")
 

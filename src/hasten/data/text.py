@@ -119,11 +119,12 @@ class RandomWindows:
     Under data parallelism (`shard_for_rank`, which the Trainer calls) every rank draws the
     global batch's window starts and reads only its share of the windows."""
 
-    def __init__(self, tokens, block_size: int, batch_size: int, seed: int = 0):
+    def __init__(self, tokens, block_size: int, batch_size: int, seed: int = 0, segments=None):
         if len(tokens) <= block_size + 1:
             raise ValueError(f"the text has {len(tokens)} tokens; it needs more than block_size+1={block_size + 1}")
         self._mapped = not isinstance(tokens, torch.Tensor)
         self.tokens = tokens if self._mapped else tokens.long()
+        self.segments = None if segments is None else _as_long(segments)
         self.block_size, self.batch_size, self.seed = block_size, batch_size, seed
         self._offsets = torch.arange(block_size + 1)
         self._part = slice(None)
@@ -143,6 +144,8 @@ class RandomWindows:
         starts = torch.randint(len(self.tokens) - self.block_size - 1, (self.batch_size,), generator=g)
         idx = starts[self._part, None] + self._offsets
         windows = _as_long(self.tokens[idx.numpy()]) if self._mapped else self.tokens[idx]
+        if self.segments is not None:   # each input token's document: attention stays inside it
+            return {"idx": windows[:, :-1], "segments": self.segments[idx[:, :-1]]}, windows[:, 1:]
         return windows[:, :-1], windows[:, 1:]
 
     def iter_epoch(self, epoch: int, skip_batches: int = 0):
@@ -158,13 +161,14 @@ class EvalWindows:
     data parallelism (`shard_for_rank`) each rank yields its share of every batch, so every
     window is evaluated once."""
 
-    def __init__(self, tokens: torch.Tensor, block_size: int, batch_size: int = 64):
+    def __init__(self, tokens: torch.Tensor, block_size: int, batch_size: int = 64, segments=None):
         n = (len(tokens) - 1) // block_size
         if n < 1:
             raise ValueError(f"the validation text has {len(tokens)} tokens, fewer than one window of {block_size}")
         self.block_size, self.batch_size = block_size, batch_size
         self.x = _as_long(tokens[: n * block_size]).view(n, block_size)
         self.y = _as_long(tokens[1: n * block_size + 1]).view(n, block_size)
+        self.s = None if segments is None else _as_long(segments[: n * block_size]).view(n, block_size)
         self.rank, self.world_size = 0, 1
 
     def __len__(self) -> int:
@@ -179,4 +183,5 @@ class EvalWindows:
     def __iter__(self):
         for i in range(0, len(self.x), self.batch_size):
             start, stop = share_range(min(self.batch_size, len(self.x) - i), self.rank, self.world_size)
-            yield self.x[i + start:i + stop], self.y[i + start:i + stop]
+            x, y = self.x[i + start:i + stop], self.y[i + start:i + stop]
+            yield ({"idx": x, "segments": self.s[i + start:i + stop]}, y) if self.s is not None else (x, y)

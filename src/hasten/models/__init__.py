@@ -1,10 +1,11 @@
-"""Reference models, and a registry of them by name (used by recipes and proxies)."""
+"""Reference models, and a registry of the vision task's models by name (used by recipes and proxies)."""
+from ..registry import MODELS   # name -> class or factory, filled by @register_model where each is defined
+from .bert import BERT, BertClassifier, BertConfig
 from .flops import forward_flops, training_flops_per_sample
 from .gpt import GPT, GPTConfig
 from .resnet import ResNet, ResNet9, resnet18, resnet50
 from .speedrun import SpeedrunNet
-
-from ..registry import MODELS   # name -> class or factory, filled by @register_model where each is defined
+from .vit import ViT
 
 
 def build_model(name: str, **kwargs):
@@ -13,5 +14,5 @@ def build_model(name: str, **kwargs):
     return MODELS[name](**kwargs)
 
 
-__all__ = ["GPT", "GPTConfig", "MODELS", "ResNet", "ResNet9", "resnet18", "resnet50", "SpeedrunNet", "build_model", "forward_flops",
-           "training_flops_per_sample"]
+__all__ = ["BERT", "BertClassifier", "BertConfig", "GPT", "GPTConfig", "MODELS", "ResNet", "ResNet9", "SpeedrunNet",
+           "ViT", "build_model", "forward_flops", "resnet18", "resnet50", "training_flops_per_sample"]

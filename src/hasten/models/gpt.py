@@ -1,9 +1,13 @@
 """A GPT in one readable module.
 
 Causal self-attention through `scaled_dot_product_attention`; learned or rotary positions;
-optional QK-norm; GELU or ReLU-squared MLP; tied or untied embeddings; output projections
-initialised small (GPT-2 style) or at zero. `flops_per_token` gives the training FLOPs per
-token (forward and backward) for throughput and MFU.
+optional QK-norm; GELU, ReLU-squared or gated (SwiGLU, GEGLU) MLP; tied or untied embeddings;
+output projections initialised small (GPT-2 style) or at zero. `flops_per_token` gives the
+training FLOPs per token (forward and backward) for throughput and MFU.
+
+Documents packed into one window can be kept apart: `forward(idx, segments)` with each
+token's document number attends only within its document (block-causal; `attention_mask`
+builds the mask). The attention and blocks take `causal=False` for encoders (hasten.models.bert).
 """
 from __future__ import annotations
 
@@ -38,8 +42,8 @@ class GPTConfig:
     """Learned position embeddings or rotary positions."""
     qk_norm: bool = False
     """Normalise queries and keys before attention."""
-    mlp: Literal["gelu", "relu2"] = "gelu"
-    """MLP activation: GELU or ReLU squared."""
+    mlp: Literal["gelu", "relu2", "swiglu", "geglu"] = "gelu"
+    """MLP activation: GELU, ReLU squared, or gated: SiLU or GELU of one half times the other."""
     mlp_ratio: int = setting(4, ge=1)
     """MLP hidden width as a multiple of n_embd."""
     mlp_hidden: Optional[int] = setting(None, ge=1)
@@ -82,10 +86,30 @@ def _apply_rope(x, cos, sin):
     return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
 
 
+def attention_mask(segments: torch.Tensor | None, T: int, causal: bool, pad: torch.Tensor | None = None,
+                   device=None) -> torch.Tensor | None:
+    """A boolean mask (B, 1, T, T) for `scaled_dot_product_attention` (True: may attend): within
+    the same segment (document), causal or not, never onto padding (`pad` True where padded).
+    None when nothing needs masking beyond plain causality (the fast path)."""
+    if segments is None and pad is None:
+        return None
+    keep = None
+    if segments is not None:
+        keep = segments[:, :, None] == segments[:, None, :]
+    if pad is not None:
+        ok = ~pad[:, None, :]
+        keep = ok if keep is None else keep & ok
+        keep = keep | torch.eye(T, dtype=torch.bool, device=pad.device)   # a padded row attends to itself: no NaN
+    if causal:
+        keep = keep & torch.ones(T, T, dtype=torch.bool, device=keep.device).tril()
+    return keep[:, None]
+
+
 class CausalSelfAttention(nn.Module):
-    def __init__(self, cfg: GPTConfig):
+    def __init__(self, cfg: GPTConfig, causal: bool = True):
         super().__init__()
         self.n_head, self.head_dim, self.dropout = cfg.n_head, cfg.attn_head_dim, cfg.dropout
+        self.causal = causal
         inner = cfg.n_head * self.head_dim   # n_embd unless heads were pruned
         self.qkv = nn.Linear(cfg.n_embd, 3 * inner, bias=cfg.bias)
         self.proj = nn.Linear(inner, cfg.n_embd, bias=cfg.bias)
@@ -98,14 +122,14 @@ class CausalSelfAttention(nn.Module):
         else:
             self.rope_cos = None
 
-    def forward(self, x):
+    def forward(self, x, mask: torch.Tensor | None = None):
         B, T, _ = x.shape
         q, k, v = self.qkv(x).view(B, T, 3, self.n_head, self.head_dim).permute(2, 0, 3, 1, 4)
         if self.qk_norm:
             q, k = F.rms_norm(q, (self.head_dim,)), F.rms_norm(k, (self.head_dim,))
         if self.rope_cos is not None:
             q, k = _apply_rope(q, self.rope_cos, self.rope_sin), _apply_rope(k, self.rope_cos, self.rope_sin)
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True,
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=self.causal and mask is None,
                                            dropout_p=self.dropout if self.training else 0.0)
         return self.resid_drop(self.proj(y.transpose(1, 2).reshape(B, T, self.n_head * self.head_dim)))
 
@@ -113,27 +137,34 @@ class CausalSelfAttention(nn.Module):
 class MLP(nn.Module):
     def __init__(self, cfg: GPTConfig):
         super().__init__()
-        self.fc = nn.Linear(cfg.n_embd, cfg.hidden, bias=cfg.bias)
+        self.kind = cfg.mlp
+        gated = cfg.mlp in ("swiglu", "geglu")
+        self.fc = nn.Linear(cfg.n_embd, cfg.hidden * (2 if gated else 1), bias=cfg.bias)
         self.proj = nn.Linear(cfg.hidden, cfg.n_embd, bias=cfg.bias)
         self.drop = nn.Dropout(cfg.dropout)
-        self.relu2 = cfg.mlp == "relu2"
 
     def forward(self, x):
         h = self.fc(x)
-        h = F.relu(h).square() if self.relu2 else F.gelu(h)
+        if self.kind == "relu2":
+            h = F.relu(h).square()
+        elif self.kind == "gelu":
+            h = F.gelu(h)
+        else:
+            a, b = h.chunk(2, dim=-1)
+            h = (F.silu(a) if self.kind == "swiglu" else F.gelu(a)) * b
         return self.drop(self.proj(h))
 
 
 class Block(nn.Module):
-    def __init__(self, cfg: GPTConfig):
+    def __init__(self, cfg: GPTConfig, causal: bool = True):
         super().__init__()
         self.ln_1 = nn.LayerNorm(cfg.n_embd, bias=cfg.bias)
-        self.attn = CausalSelfAttention(cfg)
+        self.attn = CausalSelfAttention(cfg, causal)
         self.ln_2 = nn.LayerNorm(cfg.n_embd, bias=cfg.bias)
         self.mlp = MLP(cfg)
 
-    def forward(self, x):
-        x = x + self.attn(self.ln_1(x))
+    def forward(self, x, mask: torch.Tensor | None = None):
+        x = x + self.attn(self.ln_1(x), mask)
         return x + self.mlp(self.ln_2(x))
 
 
@@ -184,7 +215,9 @@ class GPT(nn.Module):
         c = self.config
         return 6 * self.num_params() + 12 * c.n_layer * c.n_embd * c.block_size
 
-    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+    def forward(self, idx: torch.Tensor, segments: torch.Tensor | None = None) -> torch.Tensor:
+        """Logits (B, T, vocab) of token ids `idx` (B, T); with `segments` (B, T) each token's
+        document number, attention stays within documents."""
         B, T = idx.shape
         if T > self.config.block_size:
             raise ValueError(f"sequence length {T} exceeds block_size {self.config.block_size}")
@@ -192,8 +225,9 @@ class GPT(nn.Module):
         if self.wpe is not None:
             x = x + self.wpe(torch.arange(T, device=idx.device))
         x = self.drop(x)
+        mask = attention_mask(segments, T, causal=True)
         for block in self.blocks:
-            x = block(x)
+            x = block(x, mask)
         x = self.ln_f(x)
         return x if self.output_hidden else self.lm_head(x)
 

@@ -8,6 +8,7 @@ from typing import Any, Callable, Literal
 import torch
 
 from ..data.batches import inputs_targets
+from ..errors import ConfigError
 from ..schema import DataSection, ModelSection  # noqa: F401 (re-exported)
 
 
@@ -33,6 +34,17 @@ class NamedModel:
 
     def as_recipe(self) -> dict:
         return {"name": self.name, **self.args}
+
+
+def hf_model_section(raw: dict) -> "NamedModel | None":
+    """A `model: {name: hf/KIND, ...}` section (a `transformers` model type and its config's
+    keys, built offline by hasten.integrations.hf), or None for any other section."""
+    name = (raw or {}).get("name")
+    if isinstance(name, str) and name.startswith("hf/"):
+        if len(name) == 3:
+            raise ConfigError("model.name: hf/ needs a transformers model type after it, e.g. hf/bert, hf/gpt2, hf/vit")
+        return NamedModel(name, {k: v for k, v in raw.items() if k != "name"})
+    return None
 
 
 @dataclass(frozen=True)

@@ -1,26 +1,43 @@
-"""Language modelling with the GPT of hasten.models.gpt: character- or byte-level text, or
-pre-tokenised token files (`tokenizer: none` with `train_file`/`val_file`, e.g. GPT-2 BPE
-ids as nanoGPT's prepare scripts write them). Registered as tasks `char_lm` and `lm`."""
+"""Language modelling with the GPT of hasten.models.gpt: character- or byte-level text,
+byte-level BPE over a corpus of documents (`tokenizer: bpe`: the BPE trained on the training
+documents and cached, or `tokenizer_file`; split by document, every `val_every`-th to
+validation; `document_mask` keeps attention inside each document), or pre-tokenised token
+files (`tokenizer: none` with `train_file`/`val_file`, e.g. GPT-2 BPE ids as nanoGPT's
+prepare scripts write them). Registered as tasks `char_lm` and `lm`. Metrics: val/loss (nats
+per token) and, with BPE, val/bpb (bits per byte of text: tokenizers compare)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from typing import Literal, Optional
 
+from ..data.corpus import BPE, token_bytes, tokenized_corpus
 from ..data.text import (ByteTokenizer, CharTokenizer, EvalWindows, RandomWindows, check_token_range, load_text,
                          load_token_file, split_tokens)
 from ..errors import ConfigError, DataError
+from ..metrics import bits_per_byte
 from ..models.gpt import GPT, GPTConfig
 from ..schema import from_dict, setting
 from ..registry import register_task
-from .base import Built, Quality, TaskSpec
+from ..integrations import hf
+from .base import Built, NamedModel, Quality, TaskSpec, hf_model_section
 
 
 @dataclass
 class DataConfig:
     source: str = "tinyshakespeare"
-    """A packaged corpus or a path to a text file."""
-    tokenizer: Literal["char", "byte", "none"] = "char"
-    """char: one token per character; byte: UTF-8 bytes; none: pre-tokenised train_file / val_file."""
+    """A packaged corpus or a text file (char, byte); for bpe: prose, a .txt, a folder or archive of .txt, a .jsonl(.gz), or URL#sha256=HEX."""
+    tokenizer: Literal["char", "byte", "bpe", "none"] = "char"
+    """char: one token per character; byte: UTF-8 bytes; bpe: byte-level BPE over documents; none: pre-tokenised train_file / val_file."""
+    vocab_size: int = setting(8192, ge=256)
+    """bpe: the vocabulary to train (the model's vocab_size follows)."""
+    tokenizer_file: Optional[str] = None
+    """bpe: a tokenizer.json of your own instead of training one."""
+    text_field: str = "text"
+    """bpe with .jsonl: the field that holds each document's text."""
+    val_every: int = setting(10, ge=2)
+    """bpe: every val_every-th document (in file order) is held out for validation."""
+    document_mask: bool = False
+    """bpe: attention stays inside each document of a packed window (block-causal)."""
     train_file: Optional[str] = None
     """Flat token-id file for training (tokenizer: none)."""
     val_file: Optional[str] = None
@@ -47,27 +64,34 @@ class ModelConfig(GPTConfig):
     """The model: hasten's GPT (hasten.models.gpt)."""
 
 
-def model_config(raw: dict) -> ModelConfig:
-    return from_dict(ModelConfig, raw or {}, "model")
+def model_config(raw: dict) -> "ModelConfig | NamedModel":
+    return hf_model_section(raw) or from_dict(ModelConfig, raw or {}, "model")
 
 
 def _tokens(d: DataConfig):
+    if d.tokenizer == "bpe":
+        c = tokenized_corpus(d.source, d.text_field, d.val_every, d.vocab_size, d.tokenizer_file)
+        segments = (c.train_segments, c.val_segments) if d.document_mask else (None, None)
+        return c.train_tokens, c.val_tokens, c.tokenizer, segments
+    if d.document_mask:
+        raise ConfigError("data.document_mask needs documents: data.tokenizer=bpe over a corpus of documents")
     if d.tokenizer == "none":
         if not (d.train_file and d.val_file):
             raise ConfigError("data.tokenizer=none needs data.train_file and data.val_file (flat token-id files)")
-        return load_token_file(d.train_file, d.token_dtype), load_token_file(d.val_file, d.token_dtype), None
+        return load_token_file(d.train_file, d.token_dtype), load_token_file(d.val_file, d.token_dtype), None, (None, None)
     text = load_text(d.source)
     tok = CharTokenizer(text) if d.tokenizer == "char" else ByteTokenizer()
     train, val = split_tokens(tok.encode(text), d.train_fraction)
-    return train, val, tok
+    return train, val, tok, (None, None)
 
 
 def build(recipe, runtime) -> Built:
     d: DataConfig = recipe.data
-    train, val, tok = _tokens(d)
+    train, val, tok, (train_seg, val_seg) = _tokens(d)
     if d.eval_tokens:
         val = val[:d.eval_tokens + 1]
-    m: ModelConfig = recipe.model
+        val_seg = None if val_seg is None else val_seg[:d.eval_tokens + 1]
+    m = recipe.model
     eval_block = d.eval_block_size or d.block_size
     where = d.source if d.tokenizer != "none" else f"{d.train_file} / {d.val_file}"
     for split, tokens, block, key in (("training", train, d.block_size, "data.block_size"),
@@ -75,6 +99,13 @@ def build(recipe, runtime) -> Built:
         if len(tokens) < block + 1:
             raise DataError(f"{where}: the {split} split has {len(tokens)} tokens, too few for windows of "
                             f"{block} ({key}); give more text or a smaller {key}")
+    if isinstance(m, NamedModel):   # a transformers causal LM
+        args = {"vocab_size": tok.vocab_size if tok is not None else None, **m.args}
+        if args["vocab_size"] is None:
+            raise ConfigError("model: a Hugging Face model on token files needs model.vocab_size")
+        model = hf.build_model("causal_lm", m.name[3:], **args)
+        params = sum(p.numel() for p in model.parameters())
+        return _built(model, params, args["vocab_size"], d, runtime, train, val, tok, train_seg, val_seg, eval_block)
     block = max(d.block_size, eval_block)
     if m.block_size < block:
         m = replace(m, block_size=block)
@@ -88,15 +119,20 @@ def build(recipe, runtime) -> Built:
     except ValueError as e:
         raise ConfigError(f"model: {e}") from e
     model = GPT(cfg)
+    return _built(model, model.num_params(), cfg.vocab_size, d, runtime, train, val, tok, train_seg, val_seg, eval_block)
+
+
+def _built(model, params, vocab_size, d, runtime, train, val, tok, train_seg, val_seg, eval_block) -> Built:
     return Built(
         model=model,
-        train_dataloader=RandomWindows(train, d.block_size, d.batch_size, seed=runtime.seed),
-        eval_dataloader=EvalWindows(val, eval_block, d.eval_batch_size),
-        info={"params": model.num_params(), "vocab_size": cfg.vocab_size, "train_tokens": len(train),
+        train_dataloader=RandomWindows(train, d.block_size, d.batch_size, seed=runtime.seed, segments=train_seg),
+        eval_dataloader=EvalWindows(val, eval_block, d.eval_batch_size, segments=val_seg),
+        metrics={"bpb": bits_per_byte(token_bytes(tok))} if isinstance(tok, BPE) else {},
+        info={"params": params, "vocab_size": vocab_size, "train_tokens": len(train),
               "val_tokens": len(val), "tokenizer": tok})
 
 
 SPEC = register_task(TaskSpec(
     name="char_lm", aliases=("lm",), description="language modelling with hasten's GPT (characters, bytes or token files)",
     data_config=DataConfig, model_config=ModelConfig, parse_model=model_config, build=build,
-    quality=Quality("val/loss", "min")))
+    quality=Quality("val/loss", "min"), logs=("val/loss", "val/bpb")))

@@ -21,7 +21,8 @@ from ..models import MODELS
 from ..models.flops import training_flops_per_sample
 from ..schema import setting, signature_config, suggest
 from ..registry import register_task
-from .base import Built, NamedModel, Quality, TaskSpec
+from ..integrations import hf
+from .base import Built, NamedModel, Quality, TaskSpec, hf_model_section
 
 
 @dataclass
@@ -63,6 +64,9 @@ class DataConfig:
 
 
 def model_config(raw: dict) -> NamedModel:
+    hf_section = hf_model_section(raw)
+    if hf_section is not None:   # a transformers image classifier, e.g. hf/vit
+        return hf_section
     raw = dict(raw or {})
     name = raw.pop("name", None)
     if name not in MODELS:
@@ -72,7 +76,10 @@ def model_config(raw: dict) -> NamedModel:
     return NamedModel(name, signature_config(ctor.__init__ if isinstance(ctor, type) else ctor, raw, "model"))
 
 
-def _model(m: NamedModel) -> torch.nn.Module:
+def _model(m: NamedModel, classes: int = 10, image_size: int = 32) -> torch.nn.Module:
+    if m.name.startswith("hf/"):
+        return hf.build_model("image_classification", m.name[3:],
+                              **{"num_labels": classes, "image_size": image_size, **m.args})
     return MODELS[m.name](**m.args)
 
 
@@ -101,7 +108,7 @@ def _build_imagefolder(recipe, runtime) -> Built:
         raise ConfigError("data.dataset=imagefolder needs data.path=<root with train/ and val/ class folders>")
     train_set = ImageFolder(d.path, d.train_split)
     eval_set = ImageFolder(d.path, d.eval_split, classes=train_set.classes)
-    model = _model(recipe.model)
+    model = _model(recipe.model, len(train_set.classes), d.image_size)
     seed = runtime.seed
     train = make_dataloader(train_set, d.batch_size, shuffle=True, seed=seed, transform=RandomResizedCrop(d.image_size, flip=d.flip),
                             num_workers=d.num_workers, drop_last=d.drop_last)
@@ -121,7 +128,7 @@ def build(recipe, runtime) -> Built:
     if d.dataset == "imagefolder":
         return _build_imagefolder(recipe, runtime)
     data = load_cifar10(d.path)
-    model = _model(recipe.model)
+    model = _model(recipe.model, len(data.classes), data.train_x.shape[1])
     seed = runtime.seed
     if d.loader == "device":
         train, test = _device_loaders(d, data, seed, runtime.device)
