@@ -271,7 +271,7 @@ class Trainer:
         scale = self._share.rank_scale if self._share is not None else 1.0
         micros = (batch,) if k == 1 else split_batch(batch, k)
         total = batch_size(batch) if k > 1 or scale != 1.0 else 0
-        state.loss_weight = self._loss_weight(micros) if self._count_targets else None
+        state.loss_weight, counted_yet = None, not self._count_targets
         for i, micro in enumerate(micros):
             state.micro_batch, state.micro_batch_index = micro, i
             state.micro_batch_weight = batch_size(micro) / total * scale if total else scale
@@ -286,6 +286,8 @@ class Trainer:
             with autocast:
                 state.loss = self._training_loss(state.outputs, targets)
             state.loss_count = state.loss.numel()
+            if not counted_yet and state.loss.dim():   # per-element losses: count the step's targets, once,
+                state.loss_weight, counted_yet = self._loss_weight(micros), True   # before the first backward
             state.loss_per_target = state.loss_weight is not None and state.loss_count == targets.numel()
             if AFTER_LOSS in on: fire(AFTER_LOSS)                      # noqa: E701  per-sample losses: reweight, drop
             state.loss = loss = self.reduce_loss(state.loss)
