@@ -132,7 +132,7 @@ def test_structured_gpt_equals_the_full_model_with_the_removed_units_and_heads_u
 
 def test_structured_pruning_refuses_a_resnet_in_one_line():
     from hasten.models import ResNet9
-    with pytest.raises(ValueError, match="SpeedrunNet and GPT"):
+    with pytest.raises(ValueError, match="SpeedrunNet, GPT and BERT, not ResNet9"):
         hc.prune_structured(ResNet9(width=8), 0.3)
 
 

@@ -213,3 +213,18 @@ def test_hugging_face_models_of_each_kind_train_from_a_recipe(tmp_path, task, mo
                 f"trainer.run_dir={tmp_path / 'run'}", "--no-progress")
     assert r.returncode == 0, r.stderr
     assert "val/loss=" in r.stdout
+
+
+def test_compress_takes_a_bert_run_structured_and_unstructured(tmp_path):
+    corpus = _corpus(tmp_path, docs=30, words=150)
+    r = run_cli("train", "prose-bert-fast", f"data.source={corpus}", "data.vocab_size=300", "data.block_size=32",
+                "data.batch_size=8", "trainer.max_duration=4ba", "trainer.eval_interval=4ba", "model.n_layer=1",
+                "model.n_head=4", "model.n_embd=32", f"trainer.run_dir={tmp_path / 'run'}", "trainer.precision=fp32",
+                "--no-progress")
+    assert r.returncode == 0, r.stderr
+    c = run_cli("compress", tmp_path / "run", "--structured", "0.5", "--prune", "0.3", "--no-latency",
+                "--out", tmp_path / "small.hasten")
+    assert c.returncode == 0, c.stderr
+    report = json.loads((tmp_path / "small.json").read_text())
+    assert report["model_changes"]["n_head"] == 2 and report["parameters"]["after"] < report["parameters"]["before"]
+    assert "val/loss" in report["after"] and "val/acc" in report["after"]

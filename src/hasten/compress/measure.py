@@ -17,6 +17,7 @@ from typing import Callable
 
 import torch
 
+from ..data.batches import forward
 from ..errors import first_line
 
 
@@ -47,8 +48,8 @@ def inference_cost(models: dict, make_input: Callable[[int], torch.Tensor], batc
                 try:
                     with warnings.catch_warnings():
                         warnings.simplefilter("ignore")
-                        f(x)
-                        f(x)   # warm-up (and compilation)
+                        forward(f, x)
+                        forward(f, x)   # warm-up (and compilation)
                 except Exception as e:   # a path that cannot run this model is reported, not fatal
                     rows.append({"model": name, "path": path, "batch": b, "error": f"{type(e).__name__}: {first_line(e)[:160]}"})
                     continue
@@ -57,7 +58,7 @@ def inference_cost(models: dict, make_input: Callable[[int], torch.Tensor], batc
         for _ in range(repeats):
             for k, (f, _) in runners.items():
                 t = time.perf_counter()
-                f(x)
+                forward(f, x)
                 times[k].append(time.perf_counter() - t)
             if progress:
                 progress()

@@ -31,6 +31,7 @@ from ..checkpoint import CheckpointIO, find_latest
 from ..checkpoint.format import MODEL_MISMATCH_FIX, model_mismatch
 from ..config import Recipe, apply_override, parse_override, to_dict, validate
 from ..core import Event, Time
+from ..data.batches import batch_size, index_batch
 from ..errors import CheckpointError, ConfigError, first_line
 from ..files import atomic_write
 from ..optim import LRSchedule
@@ -143,8 +144,8 @@ def calibration_batches(session: Session, count: int = 2, max_items: int = 128) 
     out = []
     for batch in session.built.train_dataloader:
         x, _ = session.trainer.batch_fn(batch)
-        x = x[:max_items].detach().clone()
-        if x.is_floating_point():
+        x = index_batch(x, torch.arange(min(max_items, batch_size(x))))
+        if isinstance(x, torch.Tensor) and x.is_floating_point():
             x = x.half().float()   # keeps the memory format (channels-last stays)
         out.append(x)
         if len(out) >= count:

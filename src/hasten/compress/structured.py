@@ -4,8 +4,9 @@ same class with a smaller config, faster on any hardware (no sparse kernels need
 - `SpeedrunNet` (the CIFAR speedrun networks): output channels of both convolutions of each
   conv group, with their batch norm and the next layer's input channels (the next group's
   first convolution, or the head); `widths` shrinks.
-- `GPT`: MLP hidden units (rows of `fc`, columns of `proj`; `mlp_hidden` shrinks) and whole
-  attention heads (their query, key and value rows and their columns of the output
+- transformers built from hasten's blocks (`GPT`, `BERT` and `BertClassifier`, `ViT`): MLP hidden
+  units (rows of `fc`, both halves for a gated MLP, columns of `proj`; `mlp_hidden` shrinks) and
+  whole attention heads (their query, key and value rows and their columns of the output
   projection; `n_head` shrinks, `head_dim` stays).
 
 Which units go: the least important `ratio` of each layer, the same count in every layer of a
@@ -24,8 +25,13 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from ..models.gpt import GPT, GPTConfig
+from dataclasses import replace
+
+from ..data.batches import forward
+from ..models.bert import BERT, BertClassifier
+from ..models.gpt import GPT
 from ..models.speedrun import ACTIVATIONS, ConvGroup, SpeedrunNet
+from ..models.vit import ViT
 from .pruning import check_sparsity, is_pruned
 
 
@@ -36,7 +42,7 @@ def _observe(model: nn.Module, inputs, hooks: list) -> None:
     was = model.training
     model.eval()
     try:
-        model(inputs)
+        forward(model, inputs)
     finally:
         model.train(was)
         for h in hooks:
@@ -139,8 +145,17 @@ def speedrun_plan(model: SpeedrunNet, ratio: float, inputs: torch.Tensor | None 
     return sd, {"widths": widths}
 
 
-# ---------------------------------------------------------------------------- GPT
-def _gpt_activations(model: GPT, inputs: torch.Tensor | None):
+# ---------------------------------------------------------------------------- transformers
+def blocks_of(model: nn.Module) -> tuple[str, nn.ModuleList] | None:
+    """(state-dict prefix, blocks) of a transformer built from hasten's blocks, or None."""
+    if isinstance(model, (GPT, ViT)):
+        return "blocks.", model.blocks
+    if isinstance(model, (BERT, BertClassifier)):
+        return "encoder.blocks.", model.encoder.blocks
+    return None
+
+
+def _block_activations(blocks, model: nn.Module, inputs):
     """Per block: mean |MLP hidden activation| per unit, and mean norm of each head's output."""
     if inputs is None:
         return None
@@ -149,7 +164,7 @@ def _gpt_activations(model: GPT, inputs: torch.Tensor | None):
     def on_mlp_proj(m, a, out):
         mlp.append(a[0].float().abs().mean(dim=tuple(range(a[0].dim() - 1))))
 
-    for b in model.blocks:
+    for b in blocks:
         hooks.append(b.mlp.proj.register_forward_hook(on_mlp_proj))
         attn = b.attn
 
@@ -162,14 +177,17 @@ def _gpt_activations(model: GPT, inputs: torch.Tensor | None):
     return mlp, heads
 
 
-def gpt_unit_scores(model: GPT, inputs: torch.Tensor | None = None) -> tuple[list, list]:
+def transformer_unit_scores(model: nn.Module, inputs=None) -> tuple[list, list]:
     """(MLP hidden-unit importance per block, head importance per block)."""
-    acts = _gpt_activations(model, inputs)
+    _, blocks = blocks_of(model)
+    acts = _block_activations(blocks, model, inputs)
     mlp_scores, head_scores = [], []
-    for i, b in enumerate(model.blocks):
+    for i, b in enumerate(blocks):
         a = b.attn
+        hidden = b.mlp.proj.weight.shape[1]
         reads = b.mlp.proj.weight.detach().float().norm(dim=0)
-        sends = acts[0][i] if acts else b.mlp.fc.weight.detach().float().norm(dim=1)
+        fc = b.mlp.fc.weight.detach().float()
+        sends = acts[0][i] if acts else fc[:hidden].norm(dim=1) * (fc[hidden:].norm(dim=1) if len(fc) > hidden else 1.0)
         mlp_scores.append(reads * sends)
         pw = b.attn.proj.weight.detach().float().reshape(-1, a.n_head, a.head_dim)
         reads_h = pw.pow(2).sum(dim=(0, 2)).sqrt()
@@ -182,29 +200,36 @@ def gpt_unit_scores(model: GPT, inputs: torch.Tensor | None = None) -> tuple[lis
     return mlp_scores, head_scores
 
 
-def gpt_plan(model: GPT, ratio: float, inputs: torch.Tensor | None = None, mlp: bool = True,
-             heads: bool = True) -> tuple[dict, dict]:
-    """(the pruned GPT's state dict, the config changes) for removing `ratio` of the MLP
+gpt_unit_scores = transformer_unit_scores   # hasten 0.1's name
+
+
+def transformer_plan(model: nn.Module, ratio: float, inputs=None, mlp: bool = True,
+                     heads: bool = True) -> tuple[dict, dict]:
+    """(the pruned model's state dict, the config changes) for removing `ratio` of the MLP
     hidden units and of the attention heads of every block."""
     ratio = check_sparsity(ratio, "structured ratio")
-    cfg: GPTConfig = model.config
-    mlp_scores, head_scores = gpt_unit_scores(model, inputs)
-    hidden = kept(cfg.hidden, ratio) if mlp else cfg.hidden
-    n_head = kept(cfg.n_head, ratio) if heads else cfg.n_head
-    hd = cfg.attn_head_dim
+    prefix, blocks = blocks_of(model)
+    first = blocks[0]
+    n_head0, hd = first.attn.n_head, first.attn.head_dim
+    hidden0 = first.mlp.proj.weight.shape[1]
+    gated = first.mlp.fc.weight.shape[0] == 2 * hidden0
+    mlp_scores, head_scores = transformer_unit_scores(model, inputs)
+    hidden = kept(hidden0, ratio) if mlp else hidden0
+    n_head = kept(n_head0, ratio) if heads else n_head0
     sd = {k: v.detach().clone() for k, v in model.state_dict().items()}
-    for i in range(cfg.n_layer):
-        p = f"blocks.{i}."
+    for i in range(len(blocks)):
+        p = f"{prefix}{i}."
         if mlp:
             keep = _top(mlp_scores[i], hidden)
-            sd[p + "mlp.fc.weight"] = sd[p + "mlp.fc.weight"][keep]
+            rows = torch.cat([keep, keep + hidden0]) if gated else keep   # a gated MLP: both halves
+            sd[p + "mlp.fc.weight"] = sd[p + "mlp.fc.weight"][rows]
             if p + "mlp.fc.bias" in sd:
-                sd[p + "mlp.fc.bias"] = sd[p + "mlp.fc.bias"][keep]
+                sd[p + "mlp.fc.bias"] = sd[p + "mlp.fc.bias"][rows]
             sd[p + "mlp.proj.weight"] = sd[p + "mlp.proj.weight"][:, keep]
         if heads:
             keep_h = _top(head_scores[i], n_head)
             cols = (keep_h[:, None] * hd + torch.arange(hd)[None, :]).reshape(-1)
-            rows = torch.cat([part * cfg.n_head * hd + cols for part in range(3)])
+            rows = torch.cat([part * n_head0 * hd + cols for part in range(3)])
             sd[p + "attn.qkv.weight"] = sd[p + "attn.qkv.weight"][rows]
             if p + "attn.qkv.bias" in sd:
                 sd[p + "attn.qkv.bias"] = sd[p + "attn.qkv.bias"][rows]
@@ -217,6 +242,9 @@ def gpt_plan(model: GPT, ratio: float, inputs: torch.Tensor | None = None, mlp: 
     return sd, changes
 
 
+gpt_plan = transformer_plan   # hasten 0.1's name
+
+
 # ---------------------------------------------------------------------------- one entry point
 def structured_plan(model: nn.Module, ratio: float, inputs=None) -> tuple[dict, dict]:
     """(state dict, config changes) of `model` with `ratio` of its units removed."""
@@ -225,9 +253,12 @@ def structured_plan(model: nn.Module, ratio: float, inputs=None) -> tuple[dict, 
                          "(hasten.compress.make_permanent), or prune structurally before")
     if isinstance(model, SpeedrunNet):
         return speedrun_plan(model, ratio, inputs)
-    if isinstance(model, GPT):
-        return gpt_plan(model, ratio, inputs)
-    raise ValueError(f"structured pruning supports hasten's SpeedrunNet and GPT, not {type(model).__name__} "
+    if blocks_of(model) is not None:
+        if isinstance(model, ViT):
+            raise ValueError("structured pruning of a ViT is not supported yet (its model section has no head or MLP "
+                             "width to shrink); use unstructured pruning (--prune) or int8 (--quantize int8)")
+        return transformer_plan(model, ratio, inputs)
+    raise ValueError(f"structured pruning supports hasten's SpeedrunNet, GPT and BERT, not {type(model).__name__} "
                      "(in a ResNet the residual connections tie channels across blocks); use unstructured "
                      "pruning (--prune) for it")
 
@@ -252,9 +283,11 @@ def prune_structured(model: nn.Module, ratio: float, inputs=None) -> tuple[nn.Mo
     sd, changes = structured_plan(model, ratio, inputs)
     if isinstance(model, SpeedrunNet):
         small = SpeedrunNet(**{**speedrun_args(model), **changes})
+    elif isinstance(model, BertClassifier):
+        small = BertClassifier(replace(model.config, **changes), num_classes=model.head.out_features, pool=model.pool,
+                               pad_id=model.pad_id)
     else:
-        from dataclasses import replace
-        small = GPT(replace(model.config, **changes))
+        small = type(model)(replace(model.config, **changes))
     small.load_state_dict(sd)
     _carry_flags(model, small)
     dev = next(model.parameters()).device
@@ -262,5 +295,5 @@ def prune_structured(model: nn.Module, ratio: float, inputs=None) -> tuple[nn.Mo
     return small.to(dev), changes
 
 
-__all__ = ["gpt_plan", "gpt_unit_scores", "kept", "prune_structured", "speedrun_args", "speedrun_channel_scores",
-           "speedrun_plan", "structured_plan"]
+__all__ = ["blocks_of", "gpt_plan", "gpt_unit_scores", "kept", "prune_structured", "speedrun_args",
+           "speedrun_channel_scores", "speedrun_plan", "structured_plan", "transformer_plan", "transformer_unit_scores"]

@@ -39,6 +39,8 @@ class BertConfig:
     """MLP: GELU (BERT), or gated (SwiGLU, GEGLU: the GLU variants later encoders use)."""
     mlp_hidden: Optional[int] = setting(None, ge=1)
     """MLP hidden width; default 4 x n_embd (GELU) or 8/3 x n_embd rounded to 64 (gated, the same parameters)."""
+    head_dim: Optional[int] = setting(None, ge=1)
+    """Width of one attention head (default n_embd // n_head); structured pruning of heads keeps it and lowers n_head."""
     dropout: float = setting(0.1, ge=0, lt=1)
     """Dropout probability (BERT: 0.1)."""
     bias: bool = True
@@ -53,7 +55,7 @@ class BertConfig:
             hidden = 4 * self.n_embd if self.mlp == "gelu" else int(math.ceil(8 * self.n_embd / 3 / 64) * 64)
         return GPTConfig(vocab_size=self.vocab_size, block_size=self.block_size, n_layer=self.n_layer,
                          n_head=self.n_head, n_embd=self.n_embd, dropout=self.dropout, bias=self.bias,
-                         mlp=self.mlp, mlp_hidden=hidden, qk_norm=self.qk_norm)
+                         mlp=self.mlp, mlp_hidden=hidden, qk_norm=self.qk_norm, head_dim=self.head_dim)
 
 
 class Encoder(nn.Module):

@@ -67,6 +67,12 @@ def first_inputs(built: Built, n: int) -> torch.Tensor:
     """`n` inputs for the task's model: the first training batch's inputs, repeated or cut to
     `n`, in their memory format (what latency measurement and export feed the model)."""
     x, _ = inputs_targets(next(iter(built.train_dataloader)))
+    if isinstance(x, dict):   # keyword inputs (token ids and their documents): each repeated alike
+        return {k: first_inputs_of(v, n) for k, v in x.items()}
+    return first_inputs_of(x, n)
+
+
+def first_inputs_of(x: torch.Tensor, n: int) -> torch.Tensor:
     layout = (torch.channels_last if x.dim() == 4 and x.is_contiguous(memory_format=torch.channels_last)
               and not x.is_contiguous() else torch.contiguous_format)
     reps = -(-n // len(x))
