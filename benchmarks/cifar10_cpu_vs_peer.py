@@ -1,14 +1,16 @@
-"""`cifar10-fast` against the airbench94 CPU port, side by side on one machine.
+"""`cifar10-fast` against a peer, side by side on one machine: airbench94_muon (the default,
+`--peer muon`, the strongest published procedure) or the older airbench94 (`--peer airbench94`).
 
 Runs alternate (peer seed 0, hasten seed 0, peer seed 1, ...), each in its own process, so
 slow spells of a shared machine fall on both. hasten's runs go through `hasten bench` (its
-report lands in results/bench/<name>/); the peer's through peers/airbench94_cpu.py, whose
+report lands in results/bench/<name>/); the peer's through peers/airbench94_muon.py (or
+peers/airbench94_cpu.py), whose
 runs are appended to results/bench/<name>/peer.jsonl. Both are timed the same way: the
 whitening fit, training and the final test-time-augmented evaluation; per-epoch evaluations,
 data loading and one-off warm-up are not timed. Rerunning continues where a stopped
 comparison left off.
 
-    python benchmarks/cifar10_cpu_vs_peer.py --data cifar10-jpeg.zip --seeds 5 --peer-seeds 3
+    python benchmarks/cifar10_cpu_vs_peer.py --data cifar10-jpeg.zip --seeds 3 --peer-seeds 3 [--peer muon]
 
 `--peer-malloc hasten` runs the peer under hasten's host allocator settings (given as
 glibc's MALLOC_* variables), to tell the allocator's share of the gap from the rest.
@@ -27,6 +29,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from common import RESULTS, write_results  # noqa: E402
 
 from hasten.allocator import MMAP_MAX, MMAP_THRESHOLD, TOP_PAD, TRIM_THRESHOLD  # noqa: E402
+from hasten.bench.stats import ratio_ci  # noqa: E402
 
 HERE = Path(__file__).parent
 HASTEN_MALLOC = {"MALLOC_MMAP_THRESHOLD_": str(MMAP_THRESHOLD), "MALLOC_TRIM_THRESHOLD_": str(TRIM_THRESHOLD),
@@ -54,9 +57,13 @@ def main(argv=None) -> int:
     ap.add_argument("--peer-precision", choices=("auto", "bf16", "fp32"), default="auto",
                     help="the peer's precision; auto follows the same rule as hasten's precision: auto")
     ap.add_argument("--target", default="val/acc>=0.908")
-    ap.add_argument("--name", default="cifar10-fast-cpu-vs-peer")
+    ap.add_argument("--peer", choices=("muon", "airbench94"), default="muon",
+                    help="muon: airbench94_muon (default); airbench94: the older SGD and Lookahead procedure")
+    ap.add_argument("--name", default=None, help="results name (default cifar10-fast-cpu-vs-PEER)")
     args = ap.parse_args(argv)
 
+    args.name = args.name or f"cifar10-fast-cpu-vs-{args.peer}"
+    peer_script = HERE / "peers" / ("airbench94_muon.py" if args.peer == "muon" else "airbench94_cpu.py")
     folder = RESULTS / "bench" / args.name
     folder.mkdir(parents=True, exist_ok=True)
     peer_log = folder / "peer.jsonl"
@@ -67,7 +74,7 @@ def main(argv=None) -> int:
         done = {(r["seed"], bool(r.get("malloc_env"))) for r in _read_jsonl(peer_log)}
         if i < args.peer_seeds and (i, args.peer_malloc == "hasten") not in done:
             print(f"peer seed {i} (malloc {args.peer_malloc})", flush=True)
-            subprocess.run([sys.executable, str(HERE / "peers" / "airbench94_cpu.py"), "--data", args.data,
+            subprocess.run([sys.executable, str(peer_script), "--data", args.data,
                             "--seed0", str(i), "--seeds", "1", "--out", str(peer_log),
                             "--precision", args.peer_precision], env=env, check=True)
         if i < args.seeds:
@@ -89,16 +96,20 @@ def main(argv=None) -> int:
         if not runs:
             continue
         acc, t = [r["acc_tta"] for r in runs], [r["timed_s"] for r in runs]
-        ratio = statistics.mean(o_t) / statistics.mean(t) if o_t else float("nan")
+        ci = ratio_ci(o_t, t) if o_t else None   # hasten's time over the peer's (geometric means), 95% Welch interval
+        ratio = (f"{ci['ratio']:.3f} [{ci['low']:.3f}, {ci['high']:.3f}]" if ci and ci["low"] == ci["low"]
+                 else f"{ci['ratio']:.3f}" if ci else "–")
         precisions = "/".join(sorted({r.get("precision", "bf16") for r in runs}))
-        label = f"airbench94 CPU port ({precisions})" + (" + hasten's allocator settings" if malloc else "")
-        rows.append(f"| {label} | {len(runs)} | {_stats(acc)} | {_stats(t)} | {ratio:.3f} |")
+        name = "airbench94_muon" if args.peer == "muon" else "airbench94 (the older procedure)"
+        label = f"{name}, CPU ({precisions})" + (" + hasten's allocator settings" if malloc else "")
+        rows.append(f"| {label} | {len(runs)} | {_stats(acc)} | {_stats(t)} | {ratio} |")
         data["peer"]["hasten_malloc" if malloc else "default_malloc"] = [
             {"seed": r["seed"], "acc": r["acc_tta"], "timed_s": r["timed_s"], "parts_s": r["parts_s"]} for r in runs]
-    md = (f"# `{args.recipe}` against the airbench94 CPU port\n\n"
+    md = (f"# `{args.recipe}` against {'airbench94_muon' if args.peer == 'muon' else 'the airbench94 CPU port'}\n\n"
           "Side by side, runs alternating, each in its own process. Test accuracy with test-time augmentation; "
           "timed work: whitening fit, training and the final augmented evaluation (per-epoch evaluation, data "
-          "loading and one-off warm-up not timed). Ratio: hasten's mean timed work over the peer's.\n\n"
+          "loading and one-off warm-up not timed). Ratio: hasten's timed work over the peer's (geometric means, "
+          "95% Welch interval on log times).\n\n"
           "| run | seeds | test acc (mean ± std, min–max) | timed s (mean ± std, min–max) | hasten / peer time |\n"
           "|---|---|---|---|---|\n" + "\n".join(rows) + "\n\n"
           f"hasten's report: [bench/{args.name}/report.md](bench/{args.name}/report.md); "

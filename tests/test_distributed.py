@@ -243,10 +243,12 @@ def _algorithms_under(tmp_path, parallel: str) -> dict:
 
 def test_every_packaged_algorithm_runs_under_ddp_or_is_refused_with_a_reason(tmp_path):
     results = _algorithms_under(tmp_path, "ddp")
-    # none is refused today: InfoBatch shares its scores across ranks; the two that freeze
-    # parameters part-way through (layer_freezing, patch_whitening's train_bias_for) get
-    # DDP's find_unused_parameters
+    flags = {k.split(":")[0]: results.pop(k) for k in [k for k in results if k.endswith(":find_unused")]}
+    # none is refused today: InfoBatch shares its scores across ranks; layer_freezing, which
+    # freezes parameters a few at a time, gets DDP's find_unused_parameters; patch whitening's
+    # bias, frozen once, gets a new wrapper without it (no graph walk per step after that)
     assert all(v == "ok" for v in results.values()), results   # and the ranks agree
+    assert flags["patch_whitening+train_bias_for"] is False and flags["layer_freezing"] is True, flags
 
 
 def test_every_packaged_algorithm_runs_under_fsdp_or_is_refused_with_a_reason(tmp_path):
@@ -455,3 +457,23 @@ def test_muon_under_fsdp_orthogonalises_whole_matrices_as_one_process_does(tmp_p
     two = _launch(tmp_path, "gpt", 2, job_env={**env, "JOB_PARALLEL": "fsdp"}, tag="-fsdp")
     for k, w in one["weights"].items():   # the iteration amplifies summation-order differences: 2e-5
         torch.testing.assert_close(two["weights"][k], w, rtol=1e-4, atol=2e-5)
+
+
+def test_microbatch_auto_two_processes_agree_on_the_size_and_equal_one_process(tmp_path):
+    from torch import nn
+
+    from hasten.microbatch import ActivationBudget
+    # global batch 10, shares of 5 per rank: the limit admits 2 samples a micro-batch, not 3 (nor 5)
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4)).train()
+
+    def saved(n):
+        with ActivationBudget(10**12) as b:
+            nn.functional.cross_entropy(model(torch.randn(n, 8)), torch.randint(0, 4, (n,)))
+        return b.used
+    limit = str((saved(2) + saved(3)) // 2)
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    two_auto = _launch(tmp_path / "a", "mlp", 2, 1, job_env={"JOB_MICROBATCH": "auto", "JOB_MEMORY_LIMIT": limit})
+    one_fixed = _launch(tmp_path / "b", "mlp", 1, 1, job_env={"JOB_MICROBATCH": "2"})
+    for k, w in one_fixed["weights"].items():
+        torch.testing.assert_close(two_auto["weights"][k], w, rtol=1e-5, atol=1e-6)

@@ -125,3 +125,30 @@ def test_hugging_face_causal_lm_trains_under_the_trainer():
         chunked.output_hidden = True
         got = hf.chunked_cross_entropy(chunked(x), chunked.lm_head.weight, y, 50)
     torch.testing.assert_close(got, plain, rtol=1e-4, atol=1e-5)
+
+
+def test_float8_training_converts_by_the_rule_and_stays_near_bf16():
+    pytest.importorskip("torchao")
+    from torchao.float8.float8_linear import Float8Linear
+
+    from hasten.algorithms import Float8Training
+    from hasten.functional import convert_to_float8, should_convert
+    from hasten.models.gpt import GPT, GPTConfig
+    cfg = GPTConfig(n_layer=1, n_head=2, n_embd=64, vocab_size=96, block_size=16, dropout=0.0)
+    torch.manual_seed(0)
+    ref = GPT(cfg)
+    f8 = GPT(cfg)
+    f8.load_state_dict(ref.state_dict())
+    names = convert_to_float8(f8, min_elements=64 * 64)
+    # the rule: multiples of 16, at least 64 x 64 weights, not the head (by name)
+    assert names and all(isinstance(f8.get_submodule(n), Float8Linear) for n in names)
+    assert not any("head" in n for n in names)
+    assert not should_convert(torch.nn.Linear(64, 24), "x", 0) and not should_convert(torch.nn.Linear(32, 32), "x", 4096)
+    x = torch.randint(0, 96, (4, 16))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        a, b = ref(x).float(), f8(x).float()
+    # float8 (e4m3, scaled per tensor) against bf16: within a few percent of the logits' scale
+    assert (a - b).abs().mean() < 0.05 * a.abs().mean()
+    with pytest.raises(ValueError, match="no Linear layer"):
+        Trainer(GPT(cfg), [(x, x)], max_duration="1ba", precision="bf16-mixed",
+                algorithms=[Float8Training(min_elements=10**9)])

@@ -282,3 +282,41 @@ def test_speedrun_net_size():
     from hasten.models import forward_flops
     flops = forward_flops(SpeedrunNet(), torch.zeros(1, 3, 32, 32))
     assert 0.23e9 < flops < 0.24e9   # 31x31 after the unpadded 2x2 stem
+
+
+def test_a_compiled_run_warms_every_resizing_shape_up_and_undoes_it():
+    """The warm-up of a compiled run computes a step at every image size progressive resizing
+    will produce, then puts everything back: the next step starts from the same weights,
+    buffers and random state (here checked without compiling, on the same code path)."""
+    from hasten.algorithms import ProgressiveResizing
+    from hasten.microbatch import StepSnapshot
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.BatchNorm2d(8), torch.nn.ReLU(),
+                                torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(), torch.nn.Linear(8, 4))
+    x, y = torch.randn(16, 3, 32, 32), torch.randint(0, 4, (16,))
+    pr = ProgressiveResizing(initial_scale=0.5, finish=0.6, size_increment=4)
+    sizes = [v[0].shape[-1] for v in pr.batch_variants(None, (x, y))]
+    assert sizes == [16, 20, 24, 28, 32]   # the full size too: the run reaches it
+    t = Trainer(model, [(x, y)], max_duration="1ba", algorithms=[pr])
+    t._prepare_step(t.state.train_dataloader)
+    t.state.batch = (x, y)
+    before = StepSnapshot(model, torch.device("cpu"))
+    weights = [p.detach().clone() for p in model.parameters()]
+    t._warm_up_compiled((x, y))
+    assert all(p.grad is None for p in model.parameters())
+    assert all(torch.equal(b, s) for b, s in before.buffers)           # batch-norm statistics put back
+    assert all(torch.equal(p, w) for p, w in zip(model.parameters(), weights))
+    assert torch.equal(torch.get_rng_state(), before.cpu_rng) and t.state.batch[0] is x
+
+
+@pytest.mark.slow
+def test_a_compiled_run_with_progressive_resizing_compiles_nothing_inside_timed_steps():
+    from hasten.algorithms import ProgressiveResizing
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.ReLU(),
+                                torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(), torch.nn.Linear(8, 4))
+    data = [(torch.randn(8, 3, 16, 16), torch.randint(0, 4, (8,))) for _ in range(6)]
+    t = Trainer(model, data, eval_dataloader=data[:1], max_duration="6ba", compile=True,
+                algorithms=[ProgressiveResizing(initial_scale=0.5, finish=0.8, size_increment=4)])
+    t.fit(summary=False)
+    assert t.state.compile_graphs_after_warmup == 0

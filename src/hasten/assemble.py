@@ -35,6 +35,7 @@ from .errors import CheckpointError
 from .integrations.hf import is_pretrained_folder, load_pretrained_weights
 from .loggers import LogHub
 from .loss import default_loss
+from .microbatch import check_microbatch, initial_size, parse_bytes
 from .runtime import Runtime, make_runtime
 from .seeding import seed_everything
 
@@ -55,10 +56,18 @@ class StepOptions:
     compile: "bool | dict" = False             # torch.compile the forward (a dict: its keyword arguments)
     batch_fn: Callable = inputs_targets        # batch -> (inputs, targets)
     count_tokens: Callable = token_count       # a step's targets -> its token count (the clock's tokens)
+    microbatch: "int | str | None" = None      # samples per micro-batch, or 'auto' (hasten.microbatch)
+    memory_limit: "int | str | None" = None    # activation bytes a micro-batch may save (CPU out of memory)
+    activation_checkpointing: bool = False     # recompute each block's activations in the backward pass
 
     def __post_init__(self):
         if not isinstance(self.grad_accum, int) or self.grad_accum < 1:
             raise ValueError(f"grad_accum must be a whole number >= 1, got {self.grad_accum!r}")
+        check_microbatch(self.microbatch)
+        if self.microbatch is not None and self.grad_accum != 1:
+            raise ValueError(f"give grad_accum ({self.grad_accum}) or microbatch ({self.microbatch!r}), not both: "
+                             "microbatch sets the accumulation from the batch size")
+        parse_bytes(self.memory_limit)
 
 
 @dataclass(frozen=True)
@@ -139,13 +148,17 @@ def assemble(model: "torch.nn.Module | Callable[[], torch.nn.Module]", runtime: 
                   loss_fn=loss_fn or default_loss, train_dataloader=train_dataloader,
                   eval_dataloader=eval_dataloader, algorithms=algorithms, callbacks=callbacks,
                   grad_accum=step.grad_accum, batch_fn=step.batch_fn, autocast=runtime.autocast,
-                  quality=_quality(quality))
+                  quality=_quality(quality), microbatch=initial_size(step.microbatch),
+                  microbatch_auto=step.microbatch == "auto")
+    if state.microbatch_auto and world.sharded:
+        raise ValueError("microbatch='auto' under parallelism 'fsdp' is not supported yet (a sharded step cannot "
+                         "be redone on one rank); give a micro-batch size")
     if state.max_duration.unit == TimeUnit.DURATION:
         raise ValueError("max_duration cannot be a fraction ('dur'); use ep, ba, sp, tok or s/m/h")
     logger = LogHub(loggers)
     engine = Engine(state, logger)
     eval_interval, log_interval = Interval(durations.eval_interval), Interval(durations.log_interval)
-    prepared = prepare(state, engine, parallel, optimizers, schedulers, step.compile)
+    prepared = prepare(state, engine, parallel, optimizers, schedulers, step.compile, step.activation_checkpointing)
     parts = Parts(state=state, engine=engine, logger=logger, runtime=runtime, eval_interval=eval_interval,
                   log_interval=log_interval, metrics=dict(metrics or {}), step=step, checkpoint_io=io,
                   checkpointer=checkpointer, prepared=prepared, stop=StopCoordinator(world),

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as _dt
+import inspect
+import json
 import shutil
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -12,19 +15,19 @@ import torch
 import torch.distributed as dist
 
 from .assemble import CheckpointOptions, Durations, StepOptions, assemble
-from .callbacks import LRMonitor, ProgressBar, SpeedMonitor
+from .callbacks import LRMonitor, Profile, ProgressBar, SpeedMonitor
 from .callbacks.checkpoint import INDEX as CHECKPOINT_INDEX
 from .callbacks.checkpoint import TEMPORARY, Checkpoint, remove_owned
 from .checkpoint import ShardedCheckpointIO
 from .distributed.prepare import ParallelOptions
-from .config import OptimizerConfig, Recipe, make_algorithm
+from .config import OptimizerConfig, Recipe, make_algorithm, to_dict
 from .errors import ConfigError
-from .files import LOCK_NAME, FolderLock, ensure_writable_dir
-from .loggers import ConsoleLogger, JSONLLogger, TensorBoardLogger
+from .files import LOCK_NAME, FolderLock, atomic_write, ensure_writable_dir
+from .loggers import ConsoleLogger, JSONLLogger, MLflowLogger, TensorBoardLogger, WandbLogger
 from .optim import LRSchedule, apply_lr_multipliers, param_groups
 from .optim.muon import muon_for, muon_optimizers, split_for_muon
 from .optim.sgdw import SGDW, decoupled_hparams
-from .runs import RECIPE_FILE, RUN_OUTPUTS, check_run_folder, write_run_folder
+from .runs import RECIPE_FILE, RUN_OUTPUTS, TRACKERS_FILE, check_run_folder, write_run_folder
 from .runtime import Runtime, make_runtime, resolve_device
 from .tasks import TASKS
 from .tasks.base import Built
@@ -208,6 +211,7 @@ def build_run(recipe: Recipe, progress_bar: bool | None = None, console_logger: 
         trainer = _trainer(recipe, built, algorithms, run_dir, runtime, progress_bar, console_logger, hyperparameters)
         if world.is_main:
             write_run_folder(recipe, run_dir, changes, force)
+            trainer.logger.log_hparams(to_dict(recipe))   # trackers show the recipe beside the metrics
     except BaseException:
         undo(trainer)
         raise
@@ -233,6 +237,46 @@ def _share_main_result(error: BaseException | None, changes):
     return box[1]
 
 
+def tracker_loggers(t, run_dir: Path, name: str) -> list:
+    """The MLflow and W&B loggers the recipe asks for (trainer.mlflow, trainer.wandb); their run
+    ids are kept in the run folder, so a resumed run continues the same tracker run."""
+    ids_file = run_dir / TRACKERS_FILE
+    try:
+        ids = json.loads(ids_file.read_text()) if ids_file.exists() else {}
+    except (OSError, ValueError):
+        ids = {}
+    made = []
+    for key, cls, id_arg, extra in (("mlflow", MLflowLogger, "run_id", "mlflow"), ("wandb", WandbLogger, "id", "wandb")):
+        options = getattr(t, key)
+        if options is None:
+            continue
+        if not cls.available():
+            raise ConfigError(f"trainer.{key} needs its package: pip install 'hasten[{extra}]'")
+        args = {("run_name" if key == "mlflow" else "name"): name, **options}
+        if ids.get(key):
+            args[id_arg] = ids[key]
+        try:
+            inspect.signature(cls).bind(**args)
+        except TypeError as e:
+            raise ConfigError(f"trainer.{key}: {e} (it takes {sorted(inspect.signature(cls).parameters)})") from None
+        logger = cls(**args)
+        ids[key] = getattr(logger, id_arg)
+        made.append(logger)
+    if made:
+        atomic_write(ids_file, lambda f: json.dump(ids, f), binary=False)
+    return made
+
+
+def _step_options(t) -> StepOptions:
+    """trainer.* step settings; the old trainer.fsdp.activation_checkpointing still counts, and warns."""
+    step = _options(StepOptions, t)
+    if t.fsdp.activation_checkpointing and not t.activation_checkpointing:
+        warnings.warn("trainer.fsdp.activation_checkpointing moved to trainer.activation_checkpointing, which works "
+                      "with or without FSDP", DeprecationWarning, stacklevel=2)
+        step = dataclasses.replace(step, activation_checkpointing=True)
+    return step
+
+
 def _options(cls, section):
     """The grouped option `cls` from the recipe section that holds its fields under the same names."""
     return cls(**{f.name: getattr(section, f.name) for f in dataclasses.fields(cls) if hasattr(section, f.name)})
@@ -247,7 +291,11 @@ def _trainer(recipe: Recipe, built: Built, algorithms: list, run_dir: Path, runt
         loggers.append(ConsoleLogger())
     if t.tensorboard and main and TensorBoardLogger.available():
         loggers.append(TensorBoardLogger(run_dir / "tensorboard"))
+    if main:
+        loggers += tracker_loggers(t, run_dir, recipe.name)
     callbacks = [SpeedMonitor(flops_per_sample=built.flops_per_sample), LRMonitor()]
+    if t.profile:
+        callbacks.append(Profile(steps=t.profile, folder=run_dir / "profile"))
     if progress_bar if progress_bar is not None else t.progress_bar:
         callbacks.insert(0, ProgressBar())
     io = ShardedCheckpointIO() if runtime.world.sharded and t.fsdp.checkpoint == "sharded" else None
@@ -262,7 +310,7 @@ def _trainer(recipe: Recipe, built: Built, algorithms: list, run_dir: Path, runt
             built.model, runtime, train_dataloader=built.train_dataloader, eval_dataloader=built.eval_dataloader,
             optimizers=lambda model: build_optimizer(recipe.optimizer, model, runtime, recipe.data.batch_size),
             schedulers=[schedule], loss_fn=built.loss_fn, metrics=built.metrics, algorithms=algorithms,
-            callbacks=callbacks, loggers=loggers, durations=_options(Durations, t), step=_options(StepOptions, t),
+            callbacks=callbacks, loggers=loggers, durations=_options(Durations, t), step=_step_options(t),
             checkpoints=CheckpointOptions(load_path=t.load_path, autoresume=t.autoresume, io=io,
                                           hyperparameters=hyperparameters, load_mode=t.load_mode),
             parallel=ParallelOptions(sync_batchnorm=t.sync_batchnorm, fsdp=t.fsdp if runtime.world.sharded else None),

@@ -30,11 +30,15 @@ from .bench.target import Target
 from .build import build_algorithms, build_run
 from .compress.pipeline import compress_run, evaluate_artifact
 from .config import available_recipes, check_time, load_recipe, suggest, to_dict
+from .core import Time, TimeUnit
 from .core.algorithm import parallel_refusal_message
 from .distributed.world import leave_worker
 from .errors import ConfigError, HastenError
 from .runs import resume_recipe
 from .tasks import TASKS
+from .tune import render as render_tune
+from .tune import tune
+from .tune.lr_range import lr_range_test
 
 DEFAULT_RECIPE = "shakespeare-char-baseline"
 
@@ -61,7 +65,7 @@ def _cmd_train(args) -> int:
         if args.recipe_given:
             raise ConfigError(f"--resume continues the run stored in {args.resume}: give no recipe "
                               f"({args.recipe!r}), only overrides such as trainer.max_duration=...")
-        recipe = resume_recipe(args.resume, args.overrides, force=args.force)
+        recipe = resume_recipe(args.resume, args.overrides, force=args.force, trust_code=args.trust_code)
     else:
         recipe = load_recipe(args.recipe, args.overrides)
     if args.print_config:
@@ -103,7 +107,7 @@ def _train(args, recipe, console) -> int:
     t0 = time.perf_counter()
     finished = False
     try:
-        run.trainer.fit()
+        run.trainer.fit(summary=False)
         finished = state.stop_reason not in ("sigterm", "sigint")
     finally:
         discard = not finished and not run.trained   # stopped before its first step: it leaves nothing behind
@@ -287,7 +291,8 @@ def _cmd_compress(args) -> int:
         result = compress_run(args.source, prune=args.prune, scope=args.scope, structured_ratio=args.structured,
                               quant=args.quantize, finetune_for=args.finetune, lr_factor=args.finetune_lr,
                               out=args.out, overrides=args.overrides, export=args.export,
-                              latency=not args.no_latency, repeats=args.repeats)
+                              latency=not args.no_latency, repeats=args.repeats,
+                              trust_code=args.trust_code)
     except ValueError as e:   # a bad sparsity or mode from the functional layer: a user mistake
         if isinstance(e, HastenError):
             raise
@@ -298,8 +303,31 @@ def _cmd_compress(args) -> int:
 
 
 def _cmd_eval(args) -> int:
-    metrics = evaluate_artifact(args.artifact, args.overrides)
+    metrics = evaluate_artifact(args.artifact, args.overrides, trust_code=args.trust_code)
     print("  ".join(f"{k}={v:.4f}" for k, v in metrics.items()))
+    return 0
+
+
+def _cmd_tune(args) -> int:
+    console = Console(stderr=True, highlight=False, soft_wrap=True)
+    load_recipe(args.recipe, args.overrides)   # every key and value checked before anything runs
+    if args.lr:
+        if args.lr_steps < 20:
+            raise ConfigError(f"--lr-steps {args.lr_steps}: give at least 20 steps")
+        result = lr_range_test(args.recipe, args.overrides, steps=args.lr_steps, out=args.out)
+        print(Path(result["report"]).read_text())
+        return 0
+    try:
+        budget = Time.parse(args.budget)
+    except ValueError:
+        budget = None
+    if budget is None or budget.unit != TimeUnit.SECOND or budget.value <= 0:
+        raise ConfigError(f"--budget {args.budget}: give a wall-clock time, e.g. 10m, 600s or 1h")
+    result = tune(args.recipe, args.overrides, budget_s=float(budget.value), out=args.out, fresh=args.fresh,
+                  console=console)
+    out = Path(args.out) if args.out else Path("tune-results") / result["recipe"]
+    print(render_tune(result))
+    console.print(f"tuned recipe: {out / 'tuned.yaml'} (hasten train {out / 'tuned.yaml'}); report: {out / 'tune.md'}")
     return 0
 
 
@@ -369,6 +397,8 @@ def make_parser() -> argparse.ArgumentParser:
     t.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR with its stored recipe "
                    "(overrides that change the run's mathematics are refused without --force)")
     t.add_argument("--force", action="store_true", help="with --resume: allow overrides that change the run")
+    t.add_argument("--trust-code", action="store_true", help="import the code (model or data) a recipe written "
+                   "by another user names (see docs/your-model.md: a recipe that names code runs it)")
     t.add_argument("--nproc", type=int, metavar="N", help="train data-parallel in N processes on this machine "
                    "(runs the command under torchrun --standalone)")
     t.set_defaults(func=_cmd_train)
@@ -407,7 +437,7 @@ def make_parser() -> argparse.ArgumentParser:
     c.add_argument("--scope", choices=("global", "layer"), default="global",
                    help="--prune with one threshold over all layers (global, default) or per layer")
     c.add_argument("--structured", type=_fraction, default=0.0, metavar="R", help="remove the fraction R of the "
-                   "channels (conv nets) or MLP units and heads (GPT) of every layer: a smaller model")
+                   "channels (conv nets) or MLP units and heads (GPT, BERT) of every layer: a smaller model")
     c.add_argument("--quantize", choices=("int8", "int8-weight", "int8-static"), help="int8: dynamic int8 "
                    "activations and weights for Linear layers; int8-weight: weights only; int8-static: "
                    "calibrated int8 convolutions and linears for x86 (torchao)")
@@ -418,12 +448,30 @@ def make_parser() -> argparse.ArgumentParser:
     c.add_argument("--export", action="store_true", help="also write a torch.export program (FILE.pt2)")
     c.add_argument("--no-latency", action="store_true", help="skip the CPU inference measurement")
     c.add_argument("--repeats", type=int, default=7, help="timed runs per model, path and batch (default 7)")
+    c.add_argument("--trust-code", action="store_true", help="import the code (model or data) a recipe written "
+                   "by another user names (see docs/your-model.md: a recipe that names code runs it)")
     c.set_defaults(func=_cmd_compress)
     e = sub.add_parser("eval", help="evaluate a compressed artifact on its recipe's evaluation data",
                        description="Rebuild the model an artifact describes and evaluate it as the run did.")
     e.add_argument("artifact", metavar="ARTIFACT")
     e.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="recipe overrides (e.g. data.path=...)")
+    e.add_argument("--trust-code", action="store_true", help="import the code (model or data) a recipe written "
+                   "by another user names (see docs/your-model.md: a recipe that names code runs it)")
     e.set_defaults(func=_cmd_eval)
+    u = sub.add_parser("tune", help="measure the systems settings on this machine; write the fastest recipe",
+                       description="Search precision, channels-last, compilation, the data path, threads, the host "
+                       "allocator and micro-batches for a recipe on this machine, each option timed in its own "
+                       "process with warm-up excluded and options interleaved; a quality guard for options that "
+                       "change the arithmetic; writes a table, a plot and tuned.yaml (docs/tune.md). --lr runs a "
+                       "learning-rate range test instead.")
+    u.add_argument("recipe", metavar="RECIPE")
+    u.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="recipe overrides")
+    u.add_argument("--budget", default="10m", help="wall-clock budget of the search (default 10m)")
+    u.add_argument("--out", metavar="DIR", help="results folder (default tune-results/RECIPE)")
+    u.add_argument("--fresh", action="store_true", help="measure again instead of printing the cached result")
+    u.add_argument("--lr", action="store_true", help="a learning-rate range test instead of the systems search")
+    u.add_argument("--lr-steps", type=int, default=200, help="--lr: steps of the sweep (default 200)")
+    u.set_defaults(func=_cmd_tune)
     r = sub.add_parser("recipes", help="list the packaged recipes")
     r.set_defaults(func=_cmd_recipes)
     return p

@@ -13,7 +13,7 @@ import warnings
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
-from typing import Any, Literal, Optional
+from typing import Any, Literal, Optional, Union
 
 import yaml
 
@@ -50,6 +50,12 @@ class TrainerConfig:
     """Run the forward pass under torch.compile."""
     grad_accum: int = setting(1, ge=1)
     """Split each batch into this many micro-batches (the same step as one large batch)."""
+    microbatch: Union[int, Literal["auto"], None] = None
+    """Compute each step in micro-batches of this many samples (the same step, less memory), or auto: halve and redo a step that runs out of memory (not with grad_accum)."""
+    activation_checkpointing: bool = False
+    """Recompute each block's activations in the backward pass instead of keeping them (less memory, more time); with or without FSDP."""
+    memory_limit: Union[int, str, None] = None
+    """Out of memory on a CPU: the bytes of activations one micro-batch may save for backward (e.g. 512MB); what microbatch=auto reacts to there."""
     grad_clip_norm: Optional[float] = setting(None, gt=0)
     """Clip the global gradient norm to this value (adds a GradientClipping algorithm)."""
     seed: int = setting(0, ge=0)
@@ -72,6 +78,12 @@ class TrainerConfig:
     """Show a progress bar with throughput."""
     tensorboard: bool = True
     """Write TensorBoard event files, when the tensorboard package is installed."""
+    profile: Optional[int] = setting(None, ge=1)
+    """Profile this many steps after 5 warm-up steps: where the time goes (a table at the end, RUN/profile/profile.md) and a trace for Perfetto (RUN/profile/trace.json)."""
+    mlflow: Optional[dict[str, Any]] = None
+    """Log to MLflow (the mlflow extra): {} or {tracking_uri, experiment, run_name, tags}."""
+    wandb: Optional[dict[str, Any]] = None
+    """Log to Weights & Biases (the wandb extra): {} or {project, name, mode, dir, entity, tags}."""
     threads: Optional[int] = setting(None, ge=1)
     """torch.set_num_threads; default: leave as it is."""
     parallelism: Literal["auto", "none", "ddp", "fsdp"] = "auto"

@@ -24,14 +24,17 @@ import yaml
 from .config import RECIPE_SCHEMA_VERSION, Recipe, load_recipe, parse_override, to_dict
 from .errors import ConfigError, RunFolderError
 from .files import atomic_write, os_error_message
+from .usercode import check_trust
 
 RECIPE_FILE = "recipe.yaml"
 RESUMES_FILE = "resumes.jsonl"
-RUN_OUTPUTS = ("metrics.jsonl", "tensorboard", RESUMES_FILE)   # besides recipe.yaml and checkpoints/ (own index)
+TRACKERS_FILE = "trackers.json"   # the MLflow and W&B run ids, so that a resumed run continues them
+RUN_OUTPUTS = ("metrics.jsonl", "tensorboard", RESUMES_FILE, TRACKERS_FILE, "profile")   # besides recipe.yaml and checkpoints/
 
 # keys a resume may change: none of them changes the numbers the run computes
 RESUME_SAFE = frozenset({
     "trainer.max_duration", "trainer.device", "trainer.threads", "trainer.progress_bar", "trainer.tensorboard",
+    "trainer.mlflow", "trainer.wandb", "trainer.microbatch", "trainer.memory_limit", "trainer.profile",
     "trainer.log_interval", "trainer.host_allocator", "trainer.dist_timeout_s", "trainer.keep_last", "trainer.save_interval",
     "data.num_workers", "description"})
 # keys that say where and how to resume, not what the run is
@@ -99,8 +102,11 @@ def check_resume(folder: "str | Path", recipe: Recipe, force: bool = False,
     return changes
 
 
-def resume_recipe(folder: "str | Path", overrides: list[str] = (), force: bool = False) -> Recipe:
-    """The recipe to continue the run in `folder` with `overrides`; checks them (see check_resume)."""
+def resume_recipe(folder: "str | Path", overrides: list[str] = (), force: bool = False,
+                  trust_code: bool = False) -> Recipe:
+    """The recipe to continue the run in `folder` with `overrides`; checks them (see check_resume)
+    and the code the recipe names (hasten.usercode.check_trust: another user's folder needs
+    `trust_code`)."""
     folder = Path(folder)
     for o in overrides:
         keys, _ = parse_override(o)
@@ -110,6 +116,7 @@ def resume_recipe(folder: "str | Path", overrides: list[str] = (), force: bool =
     recipe = stored_recipe(folder, overrides)   # the stored file names the run, so the name carries over
     recipe.trainer.run_dir, recipe.trainer.autoresume = str(folder), True
     check_resume(folder, recipe, force, stored)
+    check_trust(folder / RECIPE_FILE, to_dict(recipe), trust_code, f"resuming {folder}")
     return recipe
 
 

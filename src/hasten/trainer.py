@@ -7,7 +7,9 @@ step and loss seams), and everything that watches happens in a Callback.
 """
 from __future__ import annotations
 
+import contextlib
 import math
+import sys
 import time
 import warnings
 from typing import Any, Callable, Iterable, Sequence
@@ -25,6 +27,7 @@ from .distributed.prepare import ParallelOptions
 from .distributed.world import all_sum
 from .errors import TrainingError
 from .loss import IGNORE_INDEX, checked_loss, default_loss, logits_of, loss_fault  # noqa: F401  (loss_fault: re-exported)
+from .microbatch import ActivationBudget, StepSnapshot, average_gradients, halved, micro_count, parse_bytes
 from .runtime import PRECISIONS, Runtime  # noqa: F401  (PRECISIONS: re-exported)
 
 # Events as module constants: looking members up on an Enum class is slow in Python 3.11.
@@ -52,12 +55,19 @@ class Trainer:
     sync_batchnorm: under data parallelism, normalise batch-norm layers over the whole global
         batch (torch.nn.SyncBatchNorm, CUDA only in torch 2.13) instead of each rank's share.
     fsdp: under parallelism 'fsdp', hasten.distributed.FSDPOptions or a dict of them
-        (reshard_after_forward, activation_checkpointing, blocks, checkpoint); see docs/distributed.md.
+        (reshard_after_forward, blocks, checkpoint); see docs/distributed.md.
     host_allocator: 'default' (the default) leaves glibc malloc as it is; 'auto' tunes its
         thresholds when training on the CPU (what `hasten train` does), 'tuned' whatever the
         device (see hasten.allocator).
     quality: (metric, 'max' or 'min'), what judges the run where something must choose (EMA
         and SWA keep the average only if it evaluates better); default ('val/loss', 'min').
+    microbatch: compute each step in micro-batches of this many samples (the step is the same;
+        memory falls), or 'auto': the whole batch, halved and the step redone whenever it runs
+        out of memory (hasten.microbatch). Not with grad_accum.
+    memory_limit: on a CPU, the bytes of activations one micro-batch may save for backward
+        (e.g. '512MB'); more is out of memory, as on a GPU (what microbatch='auto' reacts to).
+    activation_checkpointing: recompute each block's activations in the backward pass instead of
+        keeping them (less memory, about one more forward of time), with or without FSDP.
 
     The keywords are grouped (hasten.assemble: Durations, StepOptions, CheckpointOptions,
     ParallelOptions) and handed to `hasten.assemble.assemble`, the one place a run is put
@@ -75,8 +85,10 @@ class Trainer:
                  log_interval: "str | Time" = "50ba", batch_fn: Callable = inputs_targets,
                  count_tokens: Callable = token_count, checkpoint_io=None, host_allocator: str | None = None,
                  runtime: Runtime | None = None, sync_batchnorm: bool = False, fsdp: "dict | None" = None,
-                 quality: "tuple[str, str] | None" = None):
-        step = StepOptions(grad_accum, grad_clip_norm, compile, batch_fn, count_tokens)   # checks grad_accum first
+                 quality: "tuple[str, str] | None" = None, microbatch: "int | str | None" = None,
+                 memory_limit: "int | str | None" = None, activation_checkpointing: bool = False):
+        step = StepOptions(grad_accum, grad_clip_norm, compile, batch_fn, count_tokens, microbatch,
+                           memory_limit, activation_checkpointing)   # checks grad_accum first
         self._adopt(assemble(
             model, runtime_for(runtime, device=device, precision=precision, seed=seed, host_allocator=host_allocator),
             train_dataloader=train_dataloader, eval_dataloader=eval_dataloader, optimizers=optimizers,
@@ -105,6 +117,10 @@ class Trainer:
         self.state.evaluate = self._evaluate_for_algorithms if parts.eval_dataloader is not None else None
         self._on_cpu = self.device.type == "cpu"   # CPU batches need no move
         self._fused_mean = self._count_targets = False
+        self._budget = parse_bytes(parts.step.memory_limit)   # trainer.memory_limit: activation bytes a micro-batch may save
+        self._compiled = bool(parts.step.compile)
+        self._warm_pending, self._graphs_after_warmup = False, None
+        self._attach(self.state.callbacks)
         self._share: RankShare | None = None      # data parallel: this rank's share of each batch (set by fit)
         self._evaluated_at: int | None = None     # batch of the last evaluation during fit
 
@@ -112,8 +128,16 @@ class Trainer:
     def add_callbacks(self, *callbacks) -> None:
         """Add callbacks after the Trainer is built (they observe from the next event on); under
         data parallelism those that write (`main_rank_only`) run on rank 0 only."""
-        self.state.callbacks.extend(on_this_rank(callbacks, self.world, self.checkpointer))
+        added = on_this_rank(callbacks, self.world, self.checkpointer)
+        self.state.callbacks.extend(added)
+        self._attach(added)
         self.engine.rebuild()
+
+    def _attach(self, callbacks) -> None:
+        """Callbacks that time the events themselves (Profile) get the engine whose dispatches they time."""
+        for cb in callbacks:
+            if hasattr(cb, "attach"):
+                cb.attach(self.engine)
 
     def add_algorithms(self, *algorithms) -> None:
         """Add algorithms after the Trainer is built, before fit. One that listens to INIT
@@ -147,37 +171,25 @@ class Trainer:
         return resume_from(self.state, self.logger, path, self.checkpoint_io.load(path))
 
     # ------------------------------------------------------------------ fit
-    def fit(self) -> State:
+    def fit(self, summary: bool = True) -> State:
+        """Train to max_duration (or until something stops the run); returns the state. With
+        `summary` (the default) one line on standard error says what was done: batches, time,
+        final metrics (the `hasten` command prints its own and passes False)."""
+        t0 = time.perf_counter()
         state, run = self.state, self.engine.run
         if state.train_dataloader is None:
             raise ValueError("fit() needs a train_dataloader")
         loader = state.train_dataloader
         if hasattr(loader, "__len__") and len(loader) == 0:
             raise TrainingError(empty_loader_message(loader, state.timestamp.epoch))
-        step = self._forward_backward
-        for algo in state.algorithms:
-            step = algo.wrap_step(step)
-        self._step = step
-        # the training loss: the task's loss wrapped by every algorithm, built once (the loss seam)
-        train_loss = state.loss_fn
-        for algo in state.algorithms:
-            train_loss = algo.wrap_loss(train_loss)
-        state.train_loss_fn = train_loss
-        # the default loss with nobody reading per-sample losses: the mean inside the loss kernel
-        self._fused_mean = (state.grad_accum == 1 and Event.AFTER_LOSS not in self.engine.active
-                            and train_loss is default_loss and self.world.size == 1)
-        # otherwise the step's per-target losses are divided by its counted targets (reduce_loss)
-        self._count_targets = not self._fused_mean
-        self._autocast_ctx = self.runtime.autocast()   # one context for every step (fp32: a shared no-op)
-        self._share = RankShare(loader, self.world) if self.world.size > 1 else None
-        self._progress_schedules = [s for s in state.schedulers if hasattr(s, "apply")]
-        self._batch_schedulers = [s for s in state.schedulers if not hasattr(s, "apply")]
+        self._prepare_step(loader)
         state.steps_per_epoch = len(loader) if hasattr(loader, "__len__") else None
         for interval in (self.eval_interval, self.log_interval):
             interval.start(state.timestamp, state.progress)
         # batch ends compute the run's progress only when an interval is a fraction of it
         self._intervals_need_progress = self.eval_interval.needs_progress or self.log_interval.needs_progress
         self._next_due = self._next_batch_due()
+        self._warm_pending = self._compiled   # compiled: every shape of the run compiled before the first step
         state.model.train()
         self._stop.install()
         try:
@@ -203,7 +215,40 @@ class Trainer:
             self._stop.close()
             if self.checkpointer is not None:
                 self.checkpointer.release()
+        if self._graphs_after_warmup is not None:
+            late = compiled_graphs() - self._graphs_after_warmup
+            self.logger.log({"compile/graphs_after_warmup": late})
+            self.logger.flush(state.timestamp.batch)
+            state.compile_graphs_after_warmup = late
+            if late:
+                warnings.warn(f"compile: {late} graph(s) were compiled during timed training, for shapes the warm-up "
+                              "did not see (e.g. a last, smaller batch: data.drop_last=true avoids it)", stacklevel=2)
+        if summary and self.world.is_main:
+            print(fit_summary(state, time.perf_counter() - t0), file=sys.stderr, flush=True)
         return state
+
+    def _prepare_step(self, loader) -> None:
+        """What every step of this fit uses, built once: the step wrapped by the algorithms,
+        the training loss (the loss seam), the autocast context, the rank's share."""
+        state = self.state
+        step = self._forward_backward
+        for algo in state.algorithms:
+            step = algo.wrap_step(step)
+        self._step = self._redo_when_out_of_memory(step) if state.microbatch_auto else step
+        # the training loss: the task's loss wrapped by every algorithm, built once (the loss seam)
+        train_loss = state.loss_fn
+        for algo in state.algorithms:
+            train_loss = algo.wrap_loss(train_loss)
+        state.train_loss_fn = train_loss
+        # the default loss with nobody reading per-sample losses: the mean inside the loss kernel
+        self._fused_mean = (state.grad_accum == 1 and state.microbatch is None and Event.AFTER_LOSS not in self.engine.active
+                            and train_loss is default_loss and self.world.size == 1)
+        # otherwise the step's per-target losses are divided by its counted targets (reduce_loss)
+        self._count_targets = not self._fused_mean
+        self._autocast_ctx = self.runtime.autocast()   # one context for every step (fp32: a shared no-op)
+        self._share = RankShare(loader, self.world) if self.world.size > 1 else None
+        self._progress_schedules = [s for s in state.schedulers if hasattr(s, "apply")]
+        self._batch_schedulers = [s for s in state.schedulers if not hasattr(s, "apply")]
 
     def _run_epoch(self, batches) -> bool:
         """One epoch, a batch at a time, top to bottom, with the events between the lines.
@@ -229,10 +274,13 @@ class Trainer:
             if shared is not None:                                     # data parallel: this rank's share
                 batch, state.global_batch_size = shared.take(batch, state.timestamp.epoch, state.timestamp.batch_in_epoch)
             state.batch = batch if on_cpu else to_device(batch, device)
+            loaded = state.batch                                       # (the compiled warm-up's source)
             if AFTER_DATALOADER in on: fire(AFTER_DATALOADER)                          # noqa: E701
             for sched in progress_schedules:                           # learning rate (and more) from progress
                 sched.apply(state)
             if BATCH_START in on: fire(BATCH_START)                                    # noqa: E701
+            if self._warm_pending:
+                self._warm_up_compiled(loaded)                         # (compiled runs, first step only)
             batch = state.batch
             n_samples = batch[0].shape[0] if type(batch) is tuple or type(batch) is list else batch_size(batch)
             n_tokens = count_tokens(batch_fn(batch)[1])
@@ -267,23 +315,29 @@ class Trainer:
         a loss of another shape is weighted by the rank's share (`RankShare.rank_scale`), so that
         DDP's gradient average is the global mean either way."""
         fire, on, autocast, batch_fn = self.engine.run, self.engine.active, self._autocast_ctx, self.batch_fn
-        batch, k, grad_sync = state.batch, state.grad_accum, self._grad_sync
+        batch, grad_sync, by_size = state.batch, self._grad_sync, state.microbatch is not None
+        k = state.grad_accum if not by_size else micro_count(batch_size(batch), state.microbatch, 1)
         scale = self._share.rank_scale if self._share is not None else 1.0
         micros = (batch,) if k == 1 else split_batch(batch, k)
         total = batch_size(batch) if k > 1 or scale != 1.0 else 0
         state.loss_weight, counted_yet = None, not self._count_targets
+        redoable = state.microbatch_auto and grad_sync is not None   # ranks agree after the step, then average
+        if redoable and not counted_yet:   # the one collective of the step's targets, before anyone can run out
+            state.loss_weight, counted_yet = self._loss_weight(micros), True
+        n_losses, limit = len(state.step_losses), self._budget
         for i, micro in enumerate(micros):
+            budget = ActivationBudget(limit) if limit else _NO_BUDGET   # what this micro-batch saves for backward
             state.micro_batch, state.micro_batch_index = micro, i
             state.micro_batch_weight = batch_size(micro) / total * scale if total else scale
             if grad_sync is not None:
-                grad_sync(i == k - 1)                                  # reduce across ranks on the last only
+                grad_sync(i == k - 1 and not redoable)                 # reduce across ranks on the last only
             if BEFORE_FORWARD in on: fire(BEFORE_FORWARD)                              # noqa: E701
             inputs, targets = batch_fn(state.micro_batch)
-            with autocast:
+            with autocast, budget:
                 state.outputs = forward(state.forward_model, inputs)
             if AFTER_FORWARD in on: fire(AFTER_FORWARD)                                # noqa: E701
             if BEFORE_LOSS in on: fire(BEFORE_LOSS)                                    # noqa: E701
-            with autocast:
+            with autocast, budget:
                 state.loss = self._training_loss(state.outputs, targets)
             state.loss_count = state.loss.numel()
             if not counted_yet and state.loss.dim():   # per-element losses: count the step's targets, once,
@@ -295,6 +349,79 @@ class Trainer:
             if BEFORE_BACKWARD in on: fire(BEFORE_BACKWARD)                            # noqa: E701
             (loss if state.scaler is None else state.scaler.scale(loss)).backward()
             if AFTER_BACKWARD in on: fire(AFTER_BACKWARD)                              # noqa: E701
+        if by_size and len(state.step_losses) - n_losses > 1:   # one entry per step when k varies from step to step
+            state.step_losses[n_losses:] = [torch.stack(state.step_losses[n_losses:]).sum()]
+
+    def _warm_up_compiled(self, loaded) -> None:
+        """A compiled run, before its first step: one step on every form the algorithms say the
+        batch as loaded will take (Algorithm.batch_variants: resized images, shorter sequences,
+        each then passed through the other algorithms' AFTER_DATALOADER work) and one
+        evaluation-mode forward on an evaluation batch, all undone (gradients, logged losses,
+        buffers, random state), so that compiling them falls in the first step's warm-up, not
+        in timed steps. Graphs compiled after this are counted at the end of fit
+        (`compile/graphs_after_warmup`, and a warning)."""
+        state = self.state
+        self._warm_pending = False
+        variants = [(a, v) for a in state.algorithms for v in a.batch_variants(state, loaded)]
+        cfg = torch._dynamo.config   # a graph per shape (static shapes), evaluation's too, and room to spare
+        cfg.recompile_limit = max(cfg.recompile_limit, len(variants) + 4)
+        batch, snapshot, n_losses = state.batch, StepSnapshot(state.model, self.device), len(state.step_losses)
+        for producer, v in variants:
+            state.batch = v   # then what the other algorithms do to every batch (memory layout, mixing)
+            for other in state.algorithms:
+                if other is not producer and type(other).after_dataloader is not Algorithm.after_dataloader:
+                    other.after_dataloader(state, self.logger)
+            self._step(state)
+            for opt in state.optimizers:
+                opt.zero_grad(set_to_none=True)
+        if self.eval_dataloader is not None and not state.microbatch_auto:
+            with torch.inference_mode(), self.runtime.autocast():   # as evaluate() runs
+                state.model.eval()
+                first = next(iter(self.eval_dataloader), None)
+                if first is not None:
+                    forward(self._eval_model, self.batch_fn(to_device(first, self.device))[0])
+                state.model.train()
+        state.batch = batch
+        del state.step_losses[n_losses:]
+        snapshot.restore()
+        self._graphs_after_warmup = compiled_graphs()
+
+    def _redo_when_out_of_memory(self, step: Callable) -> Callable:
+        """microbatch='auto': the step, redone with half the micro-batch whenever it runs out of
+        memory, from where it started (gradients, logged losses, buffers and random state put
+        back), so the run equals one that used the final size from the start. Under data
+        parallelism the ranks agree whether any ran out, then retry or average together."""
+        state, world = self.state, self.world
+
+        def redo(state_):
+            n = batch_size(state.batch)
+            while True:
+                snapshot, n_losses = StepSnapshot(state.model, self.device), len(state.step_losses)
+                try:
+                    step(state_)
+                    ran_out = False
+                except torch.OutOfMemoryError:
+                    ran_out = True
+                if world.size > 1:
+                    flag = torch.tensor([float(ran_out)], device=self.device)
+                    torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
+                    ran_out = bool(flag.item())
+                if not ran_out:
+                    if world.size > 1:
+                        average_gradients(state.model, world.size)
+                    return
+                for opt in state.optimizers:
+                    opt.zero_grad(set_to_none=True)
+                del state.step_losses[n_losses:]
+                state.outputs = state.loss = None
+                snapshot.restore()
+                if self.device.type == "cuda":
+                    torch.cuda.empty_cache()
+                state.microbatch = halved(state.microbatch, n)
+                self.logger.log({"trainer/microbatch": state.microbatch})
+                print(f"hasten: batch {state.timestamp.batch + 1} ran out of memory; micro-batches of "
+                      f"{state.microbatch} from now on", file=sys.stderr, flush=True)
+        return redo
 
     def _loss_weight(self, micros) -> "torch.Tensor | None":
         """world size / the step's targets that count (not the ignore index), on the device: the
@@ -564,6 +691,27 @@ class Trainer:
 
     def close(self) -> None:
         self.logger.close()
+
+
+_NO_BUDGET = contextlib.nullcontext()   # no trainer.memory_limit: nothing counts the saved activations
+
+
+def compiled_graphs() -> int:
+    """Graphs torch.compile has compiled in this process so far (dynamo's own counter)."""
+    return int(torch._dynamo.utils.counters["stats"]["unique_graphs"])
+
+
+def fit_summary(state: State, wall_s: float) -> str:
+    """The line fit() ends with: what was trained, in how long, and the final evaluation."""
+    ts = state.timestamp
+    line = (f"hasten: trained {ts.batch} batches ({ts.sample:,} samples"
+            + (f", {ts.token:,} tokens" if ts.token else "") + f") in {ts.train_seconds:.1f} s of training, "
+            f"{wall_s:.1f} s in all")
+    if state.stop_reason:
+        line += f"; stopped: {state.stop_reason}"
+    if state.eval_metrics:
+        line += "; " + "  ".join(f"{k}={v:.4g}" for k, v in state.eval_metrics.items())
+    return line
 
 
 def empty_loader_message(loader, epoch: int) -> str:

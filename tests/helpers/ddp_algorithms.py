@@ -15,7 +15,7 @@ from hasten.algorithms import REGISTRY
 from hasten.models import MODELS
 from hasten.models.gpt import GPT, GPTConfig
 
-LM = {"chunked_cross_entropy": {"chunk_size": 32}, "low_precision_layernorm": {},
+LM = {"chunked_cross_entropy": {"chunk_size": 32}, "low_precision_layernorm": {}, "float8_training": {"min_elements": 0},
       "seq_len_warmup": {"start": 4, "step": 4, "duration": "0.5dur"}, "batch_size_warmup": {"duration": "0.5dur"}}
 VISION = {"activation_swap": {"old": "relu", "new": "gelu"}, "blurpool": {"min_channels": 4}, "channels_last": {},
           "cutmix": {}, "cutout": {"size": 4}, "delay": {"seconds": 0.0}, "dirac_init": {}, "ema": {"half_life": "0.5dur"},
@@ -68,6 +68,8 @@ def main(out):
         w = torch.cat([(p.full_tensor() if hasattr(p, "full_tensor") else p).detach().flatten()
                        for p in tr.state.model.parameters()])
         results[name] = "ok" if torch.isfinite(w).all() else "non-finite weights"
+        if hasattr(tr.state.forward_model, "find_unused_parameters"):   # DDP's wrapper after the run
+            results[f"{name}:find_unused"] = tr.state.forward_model.find_unused_parameters
         if rt.world.size > 1:   # the ranks hold the same weights after each run
             import torch.distributed as dist
             ws = [torch.zeros_like(w) for _ in range(rt.world.size)]

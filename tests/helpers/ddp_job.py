@@ -17,7 +17,8 @@ JOB_TRAP=1 makes host synchronisation inside a training step an error. JOB_PARAL
 shards the model (FSDP2; JOB_RESHARD=0 keeps parameters gathered between forward and
 backward; JOB_AC=1 recomputes each block's activations; JOB_CKPT=whole gathers checkpoints into one
 file instead of sharded .dcp folders; JOB_KILL_IN_SAVE=B kills every rank inside the sharded
-save at batch B); JOB_PRECISION sets the precision (default fp32); JOB_OPT=muon trains the gpt with Muon."""
+save at batch B); JOB_PRECISION sets the precision (default fp32); JOB_OPT=muon trains the gpt with Muon;
+JOB_MICROBATCH (a size or auto) and JOB_MEMORY_LIMIT (bytes) set the Trainer's micro-batching."""
 import json
 import os
 import sys
@@ -173,8 +174,10 @@ def main(model_name: str, out: str, grad_accum="1", sigterm_rank1_at="0", save: 
                  algorithms=algos, save_folder=save or None, save_interval=os.environ.get("JOB_SAVE_EVERY", "100ba"),
                  autoresume=bool(save) and os.environ.get("JOB_RESUME") == "1",
                  callbacks=extra_callbacks if algo_name == "infobatch" else (),
+                 microbatch=(lambda m: None if not m else m if m == "auto" else int(m))(os.environ.get("JOB_MICROBATCH")),
+                 memory_limit=int(os.environ["JOB_MEMORY_LIMIT"]) if os.environ.get("JOB_MEMORY_LIMIT") else None,
+                 activation_checkpointing=os.environ.get("JOB_AC") == "1",
                  fsdp={"reshard_after_forward": os.environ.get("JOB_RESHARD", "1") == "1",
-                       "activation_checkpointing": os.environ.get("JOB_AC") == "1",
                        "checkpoint": os.environ.get("JOB_CKPT", "sharded")} if parallel == "fsdp" else None)
     tr.fit()
     trapped = [a.steps for a in algos if type(a).__name__ == "Trap"]

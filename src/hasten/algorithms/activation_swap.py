@@ -24,6 +24,9 @@ def _cls(name: str):
 
 
 def swap_activations(model: nn.Module, old: str, new: str, **kwargs) -> int:
+    """In place: replace every activation module of type `old` (e.g. 'relu') in `model` with a new
+    `new` module (e.g. 'gelu'), built with `kwargs`. Functional calls (F.relu) are not modules and
+    are not swapped. Returns the number replaced."""
     old_cls, new_cls = _cls(old), _cls(new)
     count = 0
     for parent in model.modules():

@@ -17,6 +17,8 @@ from ..registry import register_algorithm
 
 
 def take_batch(batch, n: int):
+    """The first `n` samples of a batch: a tensor, or a list, tuple or dict of them (other values as
+    they are)."""
     if isinstance(batch, torch.Tensor):
         return batch[:n]
     if isinstance(batch, (list, tuple)):

@@ -22,6 +22,8 @@ _KERNEL = torch.tensor([1.0, 2.0, 1.0])
 
 
 def blur2d(x: torch.Tensor, stride: int = 1) -> torch.Tensor:
+    """Blur each channel of `x` (N, C, H, W) with the normalised [1 2 1] outer-product kernel (reflect
+    padding), keeping every `stride`-th pixel."""
     c = x.shape[1]
     k = torch.outer(_KERNEL, _KERNEL).to(x.dtype).to(x.device) / 16.0
     w = k.expand(c, 1, 3, 3)
@@ -29,6 +31,7 @@ def blur2d(x: torch.Tensor, stride: int = 1) -> torch.Tensor:
 
 
 class BlurPool2d(nn.Module):
+    """A [1 2 1] x [1 2 1] blur per channel subsampled by `stride` (blur2d as a module)."""
     def __init__(self, stride: int = 2):
         super().__init__()
         self.stride = stride
@@ -38,6 +41,8 @@ class BlurPool2d(nn.Module):
 
 
 class BlurMaxPool2d(nn.Module):
+    """A max-pool of `kernel_size` at stride 1, then a [1 2 1] blur subsampled by `stride`: the anti-
+    aliased drop-in for nn.MaxPool2d(kernel_size, stride)."""
     def __init__(self, kernel_size, stride):
         super().__init__()
         self.pool = nn.MaxPool2d(kernel_size, stride=1, padding=(kernel_size - 1) // 2 if kernel_size % 2 else 0)
@@ -58,6 +63,9 @@ class BlurConv2d(nn.Module):
 
 
 def apply_blurpool(model: nn.Module, convs: bool = True, maxpools: bool = True, min_channels: int = 16) -> int:
+    """In place: blur before every strided convolution with at least `min_channels` input channels
+    (`convs`) and replace every strided max-pool with BlurMaxPool2d (`maxpools`). Returns the number
+    of layers changed."""
     count = 0
     for parent in list(model.modules()):
         if isinstance(parent, (BlurConv2d, BlurMaxPool2d)):
@@ -82,7 +90,9 @@ class BlurPool(Algorithm):
         self.convs, self.maxpools, self.min_channels = convs, maxpools, min_channels
 
     def init(self, state, logger):
-        apply_blurpool(state.model, self.convs, self.maxpools, self.min_channels)
+        if apply_blurpool(state.model, self.convs, self.maxpools, self.min_channels) == 0:
+            raise ValueError(f"blurpool: the model has no strided convolution or max-pool with at least "
+                             f"{self.min_channels} channels to blur; remove blurpool from the algorithms")
 
 
 __all__ = ["blur2d", "BlurPool2d", "BlurMaxPool2d", "BlurConv2d", "apply_blurpool", "BlurPool"]

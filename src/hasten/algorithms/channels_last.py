@@ -14,6 +14,8 @@ from ..registry import register_algorithm
 
 
 def apply_channels_last(model: torch.nn.Module) -> torch.nn.Module:
+    """`model` with its 4-D parameters and buffers in channels-last memory format (in place; returned
+    for chaining). Inputs must be converted too (to_channels_last)."""
     return model.to(memory_format=torch.channels_last)
 
 
@@ -30,6 +32,9 @@ class ChannelsLast(Algorithm):
                 "that; drop channels_last under parallelism=fsdp (or use ddp)")
 
     def init(self, state, logger):
+        if not any(isinstance(m, torch.nn.Conv2d) for m in state.model.modules()):
+            raise ValueError("channels_last: the model has no 2-D convolutions, the only layers the memory format "
+                             "changes; remove channels_last from the algorithms")
         apply_channels_last(state.model)
 
     def after_dataloader(self, state, logger):

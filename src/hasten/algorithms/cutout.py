@@ -8,6 +8,7 @@ from __future__ import annotations
 import torch
 
 from ..core import Algorithm
+from ..data.batches import check_images
 from ..data.augment import cutout
 from ..registry import register_algorithm
 from ..seeding import derive_seed
@@ -23,6 +24,7 @@ class CutOut(Algorithm):
     def after_dataloader(self, state, logger):
         batch = state.batch
         x = batch[0]
+        check_images(x, "cutout")
         g = torch.Generator(device=x.device).manual_seed(derive_seed(state.seed, state.timestamp.batch, 13))
         state.batch = (cutout(x, self.size, g), *batch[1:])
 

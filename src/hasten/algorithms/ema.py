@@ -1,9 +1,9 @@
 """EMA: an exponential moving average of the weights, used for evaluation.
 
-Functional form: `ema_update(ema_tensors, model_tensors, decay)` does
-`ema = decay * ema + (1 - decay) * model` for every tensor (one fused foreach call);
-`ema_weight(decay, updates, bias_correction)` is the share of the newest weights in
-update number `updates`.
+Functional form: `ema_update(ema_tensors, model_tensors, decay=d)` does
+`ema = d * ema + (1 - d) * model` for every tensor (one fused foreach call), and
+`ema_update(..., share=s)` gives the newest weights the share `s` instead;
+`ema_share(decay, updates, bias_correction)` is that share in update number `updates`.
 
 The Algorithm keeps the averaged copy (parameters and floating-point buffers), updates it
 every `update_every` batches after `start`, and swaps it in for evaluation, restoring the
@@ -34,12 +34,24 @@ from ._averaging import WeightAverage, recompute_batchnorm
 
 
 @torch.no_grad()
-def ema_update(ema: list[torch.Tensor], current: list[torch.Tensor], decay: float) -> None:
-    torch._foreach_lerp_(ema, current, 1.0 - decay)
+def ema_update(ema: list[torch.Tensor], current: list[torch.Tensor], *, decay: float | None = None,
+               share: float | None = None) -> None:
+    """Move every averaged tensor toward the model's, in place (one fused foreach call):
+    `ema = (1 - share) * ema + share * current`. Give exactly one, by name: `decay`, the old
+    average's weight (0.999 keeps 99.9%), or `share`, the newest weights' weight (what
+    `ema_share` returns: 1 - decay, or more early on with bias correction)."""
+    if (decay is None) == (share is None):
+        raise TypeError("ema_update: give decay= (the average's weight) or share= (the newest weights'), one of them")
+    w = 1.0 - decay if share is None else share
+    if not 0.0 <= w <= 1.0:
+        raise ValueError(f"ema_update: {'share' if share is not None else '1 - decay'} = {w} must lie in [0, 1]")
+    torch._foreach_lerp_(ema, current, w)
 
 
-def ema_weight(decay: float, updates: int, bias_correction: bool = True) -> float:
-    """The newest weights' share in update number `updates` (1, 2, ...)."""
+def ema_share(decay: float, updates: int, bias_correction: bool = True) -> float:
+    """The newest weights' share in update number `updates` (1, 2, ...) of an average with
+    `decay`: 1 - decay, or with bias correction (1 - decay) / (1 - decay ** updates), so the
+    first update copies. Pass it as `ema_update(..., share=...)`."""
     if not bias_correction:
         return 1.0 - decay
     return (1.0 - decay) / (1.0 - decay ** updates)
@@ -101,7 +113,7 @@ class EMA(WeightAverage):
             self.updates += 1
             d = self.decay ** self.update_every   # decay per update, compounded over the batches between
             ema_update(local_tensors(self.ema), local_tensors([t.detach() for t in _tensors(state.model)]),
-                       1.0 - ema_weight(d, self.updates, self.bias_correction))
+                       share=ema_share(d, self.updates, self.bias_correction))
 
     def has_average(self) -> bool:
         return self.ema is not None
@@ -124,4 +136,4 @@ class EMA(WeightAverage):
             self.updates = int(sd.get("updates", 10**9))
 
 
-__all__ = ["ema_update", "ema_weight", "EMA"]
+__all__ = ["ema_update", "ema_share", "EMA"]

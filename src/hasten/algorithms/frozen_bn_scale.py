@@ -21,6 +21,9 @@ from ..registry import register_algorithm
 
 @torch.no_grad()
 def freeze_bn_scale(model: nn.Module, scale: float = 1.0, bias_lr_mult: float = 1.0) -> int:
+    """In place: fix every affine batch-norm scale of `model` at `scale` and stop its gradient; with
+    `bias_lr_mult`, tag the biases with that learning-rate multiplier (hasten's param groups read
+    it). Returns the number of layers frozen."""
     count = 0
     for m in model.modules():
         if isinstance(m, nn.modules.batchnorm._BatchNorm) and m.affine:

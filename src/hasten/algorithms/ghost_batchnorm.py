@@ -20,6 +20,9 @@ from ..registry import register_algorithm
 
 
 def ghost_batch_norm(x: torch.Tensor, bn: nn.modules.batchnorm._BatchNorm, ghost_size: int) -> torch.Tensor:
+    """Batch-norm `x` with `bn`'s parameters over chunks of `ghost_size` samples, each with its own
+    statistics, updating `bn`'s running statistics once per chunk. In evaluation, or for a batch no
+    larger than a chunk, it is `bn(x)`."""
     if not bn.training or x.shape[0] <= ghost_size:
         return bn(x)
     chunks = x.split(ghost_size)
@@ -31,6 +34,8 @@ def ghost_batch_norm(x: torch.Tensor, bn: nn.modules.batchnorm._BatchNorm, ghost
 
 
 class GhostBatchNorm(nn.Module):
+    """Wraps a batch-norm layer so that, while training, it normalises chunks of `ghost_size` samples
+    separately (ghost_batch_norm); the wrapped layer keeps the running statistics."""
     def __init__(self, bn: nn.modules.batchnorm._BatchNorm, ghost_size: int):
         super().__init__()
         self.bn, self.ghost_size = bn, int(ghost_size)
@@ -40,6 +45,8 @@ class GhostBatchNorm(nn.Module):
 
 
 def apply_ghost_batchnorm(model: nn.Module, ghost_size: int = 32) -> int:
+    """In place: wrap every BatchNorm1d/2d of `model` in GhostBatchNorm(ghost_size). Returns the number
+    wrapped."""
     count = 0
     for parent in model.modules():
         for name, child in list(parent.named_children()):
@@ -55,7 +62,9 @@ class GhostBatchNormAlgorithm(Algorithm):
         self.ghost_size = ghost_size
 
     def init(self, state, logger):
-        apply_ghost_batchnorm(state.model, self.ghost_size)
+        if apply_ghost_batchnorm(state.model, self.ghost_size) == 0:
+            raise ValueError("ghost_batchnorm: the model has no batch-norm layers; remove ghost_batchnorm from the "
+                             "algorithms")
 
 
 __all__ = ["ghost_batch_norm", "GhostBatchNorm", "apply_ghost_batchnorm", "GhostBatchNormAlgorithm"]

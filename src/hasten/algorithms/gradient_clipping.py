@@ -21,6 +21,9 @@ from ..registry import register_algorithm
 
 @torch.no_grad()
 def adaptive_clip_grad_(params, clip: float = 0.01, eps: float = 1e-3, skip_vectors: bool = True) -> None:
+    """Adaptive gradient clipping (Brock et al., 2021), in place: each output unit's gradient is scaled
+    down to at most `clip` times its weight norm (norms over all but the first dimension, weight
+    norms at least `eps`). Vectors (biases, norms) are left alone with `skip_vectors`."""
     for p in params:
         if p.grad is None or (skip_vectors and p.dim() < 2):
             continue

@@ -9,7 +9,8 @@ a * uniform_cross_entropy(outputs)`. With cross-entropy as the loss this is exac
 smoothed cross-entropy; with a loss of your own it adds the same uniform-target term. The
 term does not depend on the targets, so the wrapper composes in either order with methods
 that mix targets (MixUp, CutMix). Evaluation uses the plain loss, so validation losses stay
-comparable with runs that do not smooth. It needs logits: with ChunkedCrossEntropy, whose
+comparable with runs that do not smooth. Targets equal to the ignore index (-100: masked-LM
+positions that are not predicted) get no uniform term either. It needs logits: with ChunkedCrossEntropy, whose
 loss never forms them, it is refused at the start of fit.
 """
 from __future__ import annotations
@@ -18,6 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from ..core import Algorithm
+from ..loss import IGNORE_INDEX, logits_of
 from ..registry import register_algorithm
 
 
@@ -59,7 +61,11 @@ class LabelSmoothing(Algorithm):
 
         def smoothed(outputs, targets):
             inner = loss_fn(outputs, targets)
-            uniform = uniform_cross_entropy(outputs)
+            uniform = uniform_cross_entropy(logits_of(outputs))   # a Hugging Face ModelOutput by its logits
+            if isinstance(targets, torch.Tensor) and targets.dtype == torch.long and targets.numel() == uniform.numel():
+                ignored = targets.reshape(uniform.shape) == IGNORE_INDEX   # positions that count nowhere stay at 0
+                uniform = uniform.masked_fill(ignored, 0.0)
+                return (1.0 - a) * inner + a * (uniform if inner.dim() else uniform.sum() / (~ignored).sum().clamp(min=1))
             return (1.0 - a) * inner + a * (uniform if inner.dim() else uniform.mean())
         smoothed.mixed_by = getattr(loss_fn, "mixed_by", None)   # a mixer wrapped inside stays known
         return smoothed

@@ -19,6 +19,9 @@ from ..registry import register_algorithm
 
 
 def freeze_first(model: torch.nn.Module, fraction: float) -> int:
+    """Stop the gradients of the first `fraction` of `model`'s parameter tensors, in the order
+    `parameters()` gives them (the input side first for the usual models). Returns the number
+    frozen."""
     params = [p for p in model.parameters()]
     n = int(len(params) * max(0.0, min(1.0, fraction)))
     for p in params[:n]:

@@ -24,6 +24,8 @@ from ..registry import register_algorithm
 
 @torch.no_grad()
 def lookahead_sync(slow: list[torch.Tensor], fast: list[torch.Tensor], alpha: float) -> None:
+    """One Lookahead synchronisation, in place: move the `slow` weights the fraction `alpha` toward the
+    `fast` ones, then copy the slow weights into the fast ones."""
     torch._foreach_lerp_(slow, fast, alpha)
     torch._foreach_copy_(fast, slow)
 

@@ -12,6 +12,8 @@ INIT (before the optimizer is built).
 """
 from __future__ import annotations
 
+import warnings
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -27,6 +29,8 @@ def _autocast_dtype(device_type: str):
 
 
 def low_precision_layer_norm(x, normalized_shape, weight=None, bias=None, eps: float = 1e-5):
+    """F.layer_norm computed in the active autocast dtype (inputs, weight and bias cast to it); without
+    autocast it is plain F.layer_norm."""
     dtype = _autocast_dtype(x.device.type)
     if dtype is None:
         return F.layer_norm(x, normalized_shape, weight, bias, eps)
@@ -36,11 +40,15 @@ def low_precision_layer_norm(x, normalized_shape, weight=None, bias=None, eps: f
 
 
 class LPLayerNorm(nn.LayerNorm):
+    """nn.LayerNorm that, under autocast, normalises in the autocast dtype (bf16/fp16) instead of
+    float32."""
     def forward(self, x):
         return low_precision_layer_norm(x, self.normalized_shape, self.weight, self.bias, self.eps)
 
 
 def apply_low_precision_layernorm(model: nn.Module) -> int:
+    """In place: turn every nn.LayerNorm of `model` into an LPLayerNorm (weights kept). Returns the
+    number changed."""
     count = 0
     for parent in model.modules():
         for name, child in list(parent.named_children()):
@@ -61,6 +69,9 @@ class LowPrecisionLayerNorm(Algorithm):
     def init(self, state, logger):
         if apply_low_precision_layernorm(state.model) == 0:
             raise ValueError("low-precision layer norm: the model has no nn.LayerNorm modules")
+        if not str(state.precision).endswith("-mixed"):
+            warnings.warn(f"low_precision_layernorm acts only under mixed precision (bf16-mixed, fp16-mixed); at "
+                          f"precision {state.precision} it changes nothing", stacklevel=2)
 
 
 __all__ = ["low_precision_layer_norm", "LPLayerNorm", "apply_low_precision_layernorm", "LowPrecisionLayerNorm"]

@@ -134,6 +134,7 @@ def masks(model: nn.Module) -> dict[str, torch.Tensor]:
 
 
 def is_pruned(model: nn.Module) -> bool:
+    """Whether any conv or linear layer of `model` carries a torch.nn.utils.prune mask."""
     return any(prune.is_pruned(m) for m in model.modules() if isinstance(m, PRUNABLE))
 
 

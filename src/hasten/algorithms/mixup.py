@@ -24,10 +24,14 @@ from ..seeding import derive_seed
 
 
 def mixup_batch(x: torch.Tensor, y: torch.Tensor, lam: float, perm: torch.Tensor):
+    """Mix the batch with its permutation `perm`: returns (lam * x + (1 - lam) * x[perm], y, y[perm]);
+    pass the two target sets and lam to mixed_loss."""
     return lam * x + (1.0 - lam) * x[perm], y, y[perm]
 
 
 def mixed_loss(loss_fn, outputs, y_a, y_b, lam: float):
+    """The MixUp/CutMix loss: `lam * loss_fn(outputs, y_a) + (1 - lam) * loss_fn(outputs, y_b)` (per-
+    sample if loss_fn gives per-sample losses)."""
     return lam * loss_fn(outputs, y_a) + (1.0 - lam) * loss_fn(outputs, y_b)
 
 

@@ -33,6 +33,10 @@ def patch_covariance(images: torch.Tensor, kernel: int) -> tuple[torch.Tensor, t
 
 @torch.no_grad()
 def fit_patch_whitening(conv: nn.Conv2d, images: torch.Tensor, eps: float = 5e-4, negate: bool = True) -> None:
+    """Set `conv`'s filters (and bias) to whiten the `k x k` patches of `images` (N, C, H, W): filters
+    are the eigenvectors of the patch covariance scaled by 1 / sqrt(eigenvalue + eps), the bias
+    removes the patch mean; with `negate` each filter is followed by its negative (2 C k^2 output
+    channels). The conv must be square, ungrouped and stride 1."""
     k = conv.kernel_size[0]
     if conv.kernel_size[0] != conv.kernel_size[1] or conv.groups != 1 or conv.stride != (1, 1):
         raise ValueError("patch whitening needs a square, ungrouped, stride-1 convolution")
@@ -87,15 +91,13 @@ class PatchWhitening(Algorithm):
         self.train_bias_for = Time.parse(train_bias_for) if train_bias_for is not None else None
         self._conv: nn.Conv2d | None = None
 
-    def ddp_options(self):
-        # train_bias_for freezes the whitening bias part-way through: DDP must not wait for its gradient
-        return {"find_unused_parameters": True} if self.train_bias_for is not None else {}
-
     def batch_start(self, state, logger):
         if (self.train_bias_for is not None and self._conv is not None and self._conv.bias.requires_grad
                 and state.progress >= state.fraction_of(self.train_bias_for)):
             self._conv.bias.requires_grad_(False)
             self._conv.bias.grad = None
+            if state.trainable_changed is not None:   # under DDP: a wrapper without the bias, so that DDP
+                state.trainable_changed()             # needs no search for unused parameters at any step
 
     def init(self, state, logger):
         t0 = time.perf_counter()

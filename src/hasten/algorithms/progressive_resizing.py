@@ -13,10 +13,13 @@ import torch
 import torch.nn.functional as F
 
 from ..core import Algorithm, as_time
+from ..data.batches import check_images
 from ..registry import register_algorithm
 
 
 def resize_scale(progress: float, initial_scale: float, start: float, finish: float) -> float:
+    """The image scale at training `progress` (0 to 1): `initial_scale` until `start`, rising linearly
+    to 1 at `finish`, 1 after."""
     if progress <= start:
         return initial_scale
     if progress >= finish:
@@ -25,6 +28,9 @@ def resize_scale(progress: float, initial_scale: float, start: float, finish: fl
 
 
 def resize_batch(x: torch.Tensor, scale: float, size_increment: int = 4) -> torch.Tensor:
+    """Resize the images `x` (N, C, H, W) by `scale`, each side rounded to a multiple of
+    `size_increment` (area interpolation down, bilinear up), keeping a channels-last layout. Returns
+    `x` itself when the size does not change."""
     h, w = x.shape[-2:]
     nh = max(size_increment, int(round(h * scale / size_increment)) * size_increment)
     nw = max(size_increment, int(round(w * scale / size_increment)) * size_increment)
@@ -48,7 +54,31 @@ class ProgressiveResizing(Algorithm):
             raise ValueError(f"need start <= finish, got start={start}, finish={finish}")
         self.initial_scale, self.size_increment = initial_scale, size_increment
 
+    def batch_variants(self, state, batch) -> list:
+        """The batch at every image size the schedule will produce, the full size included
+        (compiled runs warm them up)."""
+        x = batch[0]
+        if not (isinstance(x, torch.Tensor) and x.dim() == 4):
+            return []
+        h = x.shape[-2]
+        steps = max(2, int(h * (1 - self.initial_scale) / self.size_increment) + 2)
+        seen, out = set(), []
+        for i in range(steps + 1):
+            s = self.initial_scale + (1 - self.initial_scale) * i / steps
+            r = resize_batch(x, s, self.size_increment)
+            if tuple(r.shape) not in seen:
+                seen.add(tuple(r.shape))
+                out.append((r, *batch[1:]))
+        return out
+
+    def init(self, state, logger):
+        model = state.model
+        if type(model).__module__.startswith("transformers") and getattr(getattr(model, "config", None), "image_size", None):
+            raise ValueError("progressive_resizing changes the image size, and a Hugging Face vision model refuses other "
+                             "sizes: wrap it in hasten.integrations.hf.HFImageClassifier (it interpolates the positions)")
+
     def after_dataloader(self, state, logger):
+        check_images(state.batch[0], "progressive_resizing")
         s = resize_scale(state.progress, self.initial_scale, state.fraction_of(self.start),
                          state.fraction_of(self.finish))
         if s < 1.0:

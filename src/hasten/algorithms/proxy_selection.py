@@ -24,6 +24,9 @@ from .selective_backprop import select_hardest
 
 
 def proxy_select(proxy, optimizer, inputs, targets, loss_fn, keep: float, autocast=None) -> torch.Tensor:
+    """One step of proxy selection: compute `proxy`'s per-sample losses on the batch (under `autocast`
+    if given), train the proxy one step with `optimizer` on their mean, and return the indices of
+    the `keep` fraction with the highest losses (select_hardest) for the main model to train on."""
     ctx = autocast() if autocast is not None else torch.autocast("cpu", enabled=False)
     with ctx:
         losses = loss_fn(proxy(inputs), targets)

@@ -19,6 +19,9 @@ from ..registry import register_algorithm
 
 @torch.no_grad()
 def sam_perturb(params: list[torch.Tensor], rho: float, eps: float = 1e-12) -> list[torch.Tensor]:
+    """Sharpness-aware minimisation's ascent step, in place: add to every parameter its gradient scaled
+    to total norm `rho` (the whole list's norm). Returns the perturbations, for sam_restore after
+    the second backward."""
     grads = [p.grad for p in params]
     norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))
     scale = rho / (norm + eps)
@@ -29,6 +32,7 @@ def sam_perturb(params: list[torch.Tensor], rho: float, eps: float = 1e-12) -> l
 
 @torch.no_grad()
 def sam_restore(params: list[torch.Tensor], e: list[torch.Tensor]) -> None:
+    """Undo sam_perturb: subtract the perturbations `e` from the parameters, in place."""
     torch._foreach_sub_(params, e)
 
 

@@ -20,6 +20,8 @@ from ..registry import register_algorithm
 
 
 def select_hardest(losses: torch.Tensor, keep: float) -> torch.Tensor:
+    """The indices of the `keep` fraction (0 < keep <= 1, at least one) of samples with the largest
+    `losses`."""
     if not 0.0 < keep <= 1.0:
         raise ValueError(f"keep must lie in (0, 1], got {keep}")
     k = max(1, int(round(losses.shape[0] * keep)))

@@ -14,10 +14,14 @@ from __future__ import annotations
 import torch
 
 from ..core import Algorithm, Time
+from ..data.batches import describe_inputs
 from ..registry import register_algorithm
 
 
 def reshape_sequences(inputs: torch.Tensor, targets: torch.Tensor, length: int):
+    """Cut every (B, T) sequence of `inputs` and `targets` into T / length pieces: (B * T / length,
+    length) each, the same tokens in shorter windows. T must be a multiple of `length`; a `length`
+    of T or more returns them unchanged."""
     B, T = inputs.shape[:2]
     if length >= T:
         return inputs, targets
@@ -43,11 +47,23 @@ class SeqLenWarmup(Algorithm):
             raise ValueError("start and step must be >= 1")
         self.start, self.step, self.duration = start, step, Time.parse(duration)
 
+    def batch_variants(self, state, batch) -> list:
+        """The batch at every sequence length of the warm-up, the full length included
+        (compiled runs warm them up)."""
+        x, y = batch[0], batch[1]
+        if not isinstance(x, torch.Tensor) or x.dim() != 2:
+            return []
+        lengths = {warmup_length(i / 64, self.start, x.shape[1], self.step) for i in range(65)} | {x.shape[1]}
+        return [reshape_sequences(x, y, n) for n in sorted(lengths)]
+
     def after_dataloader(self, state, logger):
         p = state.progress_through(self.duration)
         if p >= 1.0:
             return
         x, y = state.batch
+        if not isinstance(x, torch.Tensor) or x.dim() != 2 or x.is_floating_point():
+            raise ValueError(f"seq_len_warmup needs batches of token ids (batch, length); these inputs are "
+                             f"{describe_inputs(x)}: remove seq_len_warmup from the algorithms")
         length = warmup_length(p, self.start, x.shape[1], self.step)
         state.batch = reshape_sequences(x, y, length)
 

@@ -20,6 +20,8 @@ from ..registry import register_algorithm
 
 
 def drop_path(y: torch.Tensor, p: float, generator: torch.Generator | None = None) -> torch.Tensor:
+    """Zero each sample's `y` (along the first dimension) with probability `p` and scale the kept ones
+    by 1 / (1 - p), so the expectation is unchanged; p <= 0 returns `y`."""
     if p <= 0.0:
         return y
     keep = torch.rand((y.shape[0],) + (1,) * (y.dim() - 1), device=y.device, generator=generator) >= p
@@ -27,6 +29,8 @@ def drop_path(y: torch.Tensor, p: float, generator: torch.Generator | None = Non
 
 
 class DropPath(nn.Module):
+    """Wraps a residual `branch`: while training, its output is dropped for each sample with
+    probability `p` (and scaled by 1 / (1 - p)); in evaluation it passes as it is."""
     def __init__(self, branch: nn.Module, p: float):
         super().__init__()
         self.branch, self.p = branch, float(p)

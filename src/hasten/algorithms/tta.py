@@ -20,6 +20,8 @@ import time
 import torch
 
 from ..core import Algorithm
+from ..data.batches import check_images
+from ..loss import logits_of
 from ..data.augment import translate as _translate
 from ..registry import register_algorithm
 
@@ -38,12 +40,16 @@ def tta_logits(model, x: torch.Tensor, flip: bool = True, translate: int = 0, fr
     the plain view's logits.
     """
     _check_fraction(fraction)
+    check_images(x, "tta")
+
+    def run(z):   # a Hugging Face ModelOutput is read by its logits
+        return logits_of(model(z))
 
     def views(z):
-        out = model(z)
-        return (out + model(z.flip(-1))) / 2 if flip else out
+        out = run(z)
+        return (out + run(z.flip(-1))) / 2 if flip else out
 
-    logits = model(x)
+    logits = run(x)
     n = x.shape[0]
     k = n if fraction >= 1.0 or logits.shape[-1] < 2 else math.ceil(fraction * n)
     if not (flip or translate) or k == 0:
@@ -56,7 +62,7 @@ def tta_logits(model, x: torch.Tensor, flip: bool = True, translate: int = 0, fr
         x = x[idx].contiguous(memory_format=torch.channels_last) if channels_last else x[idx]
     full = logits if idx is None else logits[idx]
     if flip:
-        full = (full + model(x.flip(-1))) / 2
+        full = (full + run(x.flip(-1))) / 2
     if translate:
         d = torch.full((k,), translate, device=x.device)
         shifted = (views(_translate(x, d, d, translate)) + views(_translate(x, -d, -d, translate))) / 2

@@ -103,28 +103,39 @@ def main(spec_path: str, out_path: str) -> int:
     with open(out_path if main_rank else os.devnull, "a") as out:
         run = build_run(recipe, progress_bar=False, console_logger=False)
         data_setup_s = time.perf_counter() - t0
-        rec = BenchRecorder(out)
-        state = run.trainer.state
-        run.trainer.add_callbacks(rec)
-        if state.device.type == "cuda":
-            torch.cuda.reset_peak_memory_stats()
-        t1 = time.perf_counter()
-        run.trainer.fit()
-        _sync(state)
-        fit_wall = time.perf_counter() - t1
-        run.close()
-        ts = state.timestamp
-        peak = (torch.cuda.max_memory_allocated() if state.device.type == "cuda"
-                else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
-        out.write(json.dumps({
-            "kind": "final", "metrics": dict(state.eval_metrics), "batch": ts.batch, "sample": ts.sample,
-            "token": ts.token, "train_s": ts.train_seconds, "warmup_s": rec.warmup_s(state), "eval_s": rec.eval_s,
-            "data_setup_s": data_setup_s, "method_setup_s": state.method_seconds,
-            "fit_wall_s": fit_wall, "total_wall_s": time.perf_counter() - t0, "peak_memory_bytes": peak,
-            "stop_reason": state.stop_reason, "device": str(state.device), "machine": machine(),
-            "world_size": state.runtime.world.size,
-            "code": code_version()}) + "\n")
+        timed_fit(run.trainer, out, t0, data_setup_s, close=run.close)
     return 0
+
+
+def timed_fit(trainer, out, t0: float, data_setup_s: float, close=None) -> dict:
+    """Fit `trainer` with a BenchRecorder writing to `out`, then write and return the final
+    record (times, counts, peak memory, machine, code). `close` runs after fit, before the
+    record (the run's own clean-up). What `hasten bench`'s worker and hasten.bench.compare share."""
+    rec = BenchRecorder(out)
+    state = trainer.state
+    trainer.add_callbacks(rec)
+    if state.device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+    t1 = time.perf_counter()
+    trainer.fit(summary=False)
+    _sync(state)
+    fit_wall = time.perf_counter() - t1
+    if close is not None:
+        close()
+    ts = state.timestamp
+    peak = (torch.cuda.max_memory_allocated() if state.device.type == "cuda"
+            else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
+    final = {
+        "kind": "final", "metrics": dict(state.eval_metrics), "batch": ts.batch, "sample": ts.sample,
+        "token": ts.token, "train_s": ts.train_seconds, "warmup_s": rec.warmup_s(state), "eval_s": rec.eval_s,
+        "data_setup_s": data_setup_s, "method_setup_s": state.method_seconds,
+        "fit_wall_s": fit_wall, "total_wall_s": time.perf_counter() - t0, "peak_memory_bytes": peak,
+        "stop_reason": state.stop_reason, "device": str(state.device), "machine": machine(),
+        "world_size": state.runtime.world.size, "compile_graphs_after_warmup": state.compile_graphs_after_warmup,
+        "code": code_version()}
+    out.write(json.dumps(final) + "\n")
+    out.flush()
+    return final
 
 
 def _main_with_errors(argv: list[str]) -> int:

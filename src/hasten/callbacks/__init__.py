@@ -2,7 +2,8 @@
 from .checkpoint import Checkpoint
 from .early_stopping import EarlyStopping
 from .lr_monitor import LRMonitor
+from .profile import Profile
 from .progress import ProgressBar
 from .speed_monitor import SpeedMonitor
 
-__all__ = ["Checkpoint", "EarlyStopping", "LRMonitor", "ProgressBar", "SpeedMonitor"]
+__all__ = ["Checkpoint", "EarlyStopping", "LRMonitor", "Profile", "ProgressBar", "SpeedMonitor"]

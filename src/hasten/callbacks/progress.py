@@ -56,6 +56,9 @@ class ProgressBar(Callback):
             speed += f" {(ts.token - self._k0) / dt:,.0f} tok/s"
         else:
             speed += f" {(ts.sample - self._s0) / dt:,.0f} sp/s"
+        mfu = logger.latest.get("throughput/mfu")   # SpeedMonitor's, when it knows the FLOPs and the peak
+        if mfu is not None:
+            speed += f" MFU {100 * mfu:.1f}%"
         shown = {k: v for k, v in logger.latest.items() if k == "train/loss" or k.startswith("val/")}
         info = " ".join(f"{k}={fmt(v)}" for k, v in shown.items())
         self._progress.update(self._task, completed=done, speed=speed, info=info)

@@ -4,10 +4,18 @@ Throughput is measured over the batches since the last log point, from timestamp
 trainer keeps anyway: no extra synchronisation. FLOPs come from `flops_per_sample`, or
 from the model's `flops_per_token` attribute times tokens; MFU needs `peak_flops` (the
 device's peak for the precision in use, in FLOP/s).
+
+Where the values show: every logger (console, JSONL, TensorBoard, MLflow, W&B) receives them
+under `throughput/...`; a ProgressBar shows samples or tokens per second and the MFU; with
+neither a logger nor a progress bar, SpeedMonitor prints one line per log point on standard
+error itself (so `Trainer(callbacks=[SpeedMonitor()])` alone is never silent).
 """
 from __future__ import annotations
 
+import sys
+
 from ..core import Callback
+from .progress import ProgressBar
 
 
 class SpeedMonitor(Callback):
@@ -15,9 +23,14 @@ class SpeedMonitor(Callback):
         self.flops_per_sample, self.peak_flops = flops_per_sample, peak_flops
         self._mark = None
 
+    main_rank_only = True
+
     def fit_start(self, state, logger):
         ts = state.timestamp
         self._mark = (ts.train_seconds, ts.sample, ts.token)
+        # nobody else shows the values: print them
+        self._print = not getattr(logger, "destinations", None) and not any(
+            isinstance(c, ProgressBar) for c in state.callbacks)
 
     def batch_end(self, state, logger):
         if not state.log_due:
@@ -42,3 +55,17 @@ class SpeedMonitor(Callback):
                 out["throughput/mfu"] = flops / dt / self.peak_flops
         logger.log(out)
         self._mark = (secs, samples, tokens)
+        if self._print:
+            print(f"batch {ts.batch}: " + throughput_text(out), file=sys.stderr, flush=True)
+
+
+def throughput_text(values: dict) -> str:
+    """'1,234 samples/s  56,789 tokens/s  MFU 12.3%' from SpeedMonitor's logged values."""
+    parts = []
+    if "throughput/samples_per_sec" in values:
+        parts.append(f"{values['throughput/samples_per_sec']:,.0f} samples/s")
+    if "throughput/tokens_per_sec" in values:
+        parts.append(f"{values['throughput/tokens_per_sec']:,.0f} tokens/s")
+    if "throughput/mfu" in values:
+        parts.append(f"MFU {100 * values['throughput/mfu']:.1f}%")
+    return "  ".join(parts)

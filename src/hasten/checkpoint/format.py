@@ -138,7 +138,7 @@ def capture(state, extra_meta: dict | None = None, whole: bool = True) -> dict:
     meta = {"hasten_version": __version__, "timestamp": state.timestamp.state_dict(),
             "rng": rng_meta, "last_checkpoint": state.last_checkpoint,
             "optimizers": [type(o).__name__ for o in state.optimizers],
-            "optimizer_style": "names" if sharded else "ids"}
+            "optimizer_style": "names" if sharded else "ids", "microbatch": state.microbatch}
     if extra_meta:
         meta.update(extra_meta)
     if sharded and not whole:
@@ -256,5 +256,7 @@ def restore_rest(state, payload: dict, meta: dict) -> dict:
                 warnings.warn(f"checkpoint has no state for {group[:-1]} {key}; it starts fresh")
     state.timestamp.load_state_dict(meta["timestamp"])
     state.checked_batch = state.timestamp.batch
+    if state.microbatch_auto and meta.get("microbatch") is not None:
+        state.microbatch = min(state.microbatch, meta["microbatch"])   # microbatch=auto: the size that fitted
     _set_rng_state(payload["rng"], meta["rng"])
     return meta

@@ -36,10 +36,11 @@ from ..errors import CheckpointError, ConfigError, first_line
 from ..files import atomic_write
 from ..optim import LRSchedule
 from ..provenance import code_version, describe
-from ..runs import is_run_folder, stored_recipe
+from ..runs import RECIPE_FILE, is_run_folder, stored_recipe
 from ..runtime import make_runtime
 from ..tasks import TASKS
 from ..trainer import Trainer
+from ..usercode import check_trust
 from . import outputs, pruning, quantize, structured
 from .artifact import read_artifact, save_artifact
 from .measure import best, inference_cost
@@ -192,7 +193,7 @@ def finetune(model: torch.nn.Module, session: Session, duration: str, lr_factor:
                 runtime=session.trainer.runtime, optimizers=optimizers, schedulers=[LRSchedule("linear", min_factor=0.0)],
                 max_duration=duration, eval_interval=duration, log_interval=duration,
                 grad_clip_norm=recipe.trainer.grad_clip_norm)
-    t.fit()
+    t.fit(summary=False)
     model.eval()
     return dict(t.state.eval_metrics)
 
@@ -220,8 +221,11 @@ def _tag(prune, scope, structured_ratio, quant, ft, lr_factor=0.1) -> str:
 def compress_run(source, prune: float = 0.0, scope: str = "global", structured_ratio: float = 0.0,
                  quant: str | None = None, finetune_for: str | None = None, lr_factor: float = 0.1,
                  out: "str | Path | None" = None, overrides: list[str] = (), export: bool = False,
-                 latency: bool = True, repeats: int = 7, device: str = "cpu", log=print) -> Result:
-    """Compress the trained model of a run folder (or one of its checkpoints); see the module doc."""
+                 latency: bool = True, repeats: int = 7, device: str = "cpu", log=print,
+                 trust_code: bool = False) -> Result:
+    """Compress the trained model of a run folder (or one of its checkpoints); see the module doc.
+    A run whose recipe names code (a user's model or data) is said so before it is imported,
+    and refused when the folder is another user's unless `trust_code` (hasten.usercode)."""
     pruning.check_sparsity(prune, "--prune")
     pruning.check_sparsity(structured_ratio, "--structured")
     if scope not in ("global", "layer"):
@@ -238,6 +242,7 @@ def compress_run(source, prune: float = 0.0, scope: str = "global", structured_r
             raise ConfigError(f"--finetune {finetune_for!r}: {e}") from None
     run_dir, ckpt = locate(source)
     recipe = stored_recipe(run_dir, list(overrides))
+    check_trust(run_dir / RECIPE_FILE, to_dict(recipe), trust_code, f"compressing {run_dir}", log)
     tag = _tag(prune, scope, structured_ratio, quant, finetune_for, lr_factor)
     settings = {"checkpoint": str(ckpt.resolve()), "overrides": list(overrides),
                 "compression": {"structured": structured_ratio, "prune": prune, "scope": scope, "quantize": quant,
@@ -401,11 +406,14 @@ def render(r: dict) -> str:
 
 
 # ---------------------------------------------------------------------------- loading artifacts
-def load_artifact(path, overrides: list[str] = (), device: str = "cpu") -> tuple[torch.nn.Module, Session, dict]:
+def load_artifact(path, overrides: list[str] = (), device: str = "cpu",
+                  trust_code: bool = False) -> tuple[torch.nn.Module, Session, dict]:
     """(model, session, meta) of an artifact: the recipe's model (its surgery replayed, the
-    smaller config of structured pruning), its weights, its quantization re-applied."""
+    smaller config of structured pruning), its weights, its quantization re-applied. Code the
+    recipe names is imported only as hasten.usercode.check_trust allows."""
     weights, meta, calibration = read_artifact(path)
     raw = dict(meta["recipe"])
+    check_trust(path, raw, trust_code, f"loading {path}")
     for text in overrides:
         keys, value = parse_override(text)
         apply_override(raw, keys, value)
@@ -429,8 +437,8 @@ def load_artifact(path, overrides: list[str] = (), device: str = "cpu") -> tuple
     return model, session, meta
 
 
-def evaluate_artifact(path, overrides: list[str] = (), device: str = "cpu") -> dict:
-    model, session, meta = load_artifact(path, overrides, device)
+def evaluate_artifact(path, overrides: list[str] = (), device: str = "cpu", trust_code: bool = False) -> dict:
+    model, session, meta = load_artifact(path, overrides, device, trust_code)
     return eval_trainer(model, session, meta.get("timestamp")).evaluate()
 
 

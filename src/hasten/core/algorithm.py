@@ -56,6 +56,14 @@ class Algorithm:
         """
         return loss_fn
 
+    def batch_variants(self, state, batch) -> list:
+        """Every form `batch` (as the loader gave it, before AFTER_DATALOADER) will take during
+        the run because of this algorithm (smaller images, shorter sequences), the unchanged
+        one included when the run reaches it. A compiled run computes one step on each before
+        its clock starts, so that compiling them is not timed (the step is undone); the
+        default: none (the batch keeps its shape)."""
+        return []
+
     def ddp_refusal(self) -> str | None:
         """Why this algorithm (with these arguments) cannot run under data parallelism yet, or
         None when it can. The Trainer refuses it at start, with the reason, under DDP."""

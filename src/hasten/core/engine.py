@@ -20,6 +20,7 @@ class Engine:
     def rebuild(self) -> None:
         """Recompute the dispatch table (call after changing state.algorithms or callbacks)."""
         table = {}
+        timer = getattr(self, "timer", None)
         for event in Event:
             algos = [(a, getattr(a, event.value), type(a).match is not Algorithm.match)
                      for a in self.state.algorithms if event in a.listens_to()]
@@ -27,10 +28,19 @@ class Engine:
                 algos.reverse()
             cbs = [getattr(cb, event.value) for cb in self.state.callbacks
                    if getattr(type(cb), event.value, _noop) is not _noop]
+            if timer is not None:   # profiling: every event fires, its dispatch timed from start to end
+                algos.insert(0, (None, (lambda ev: lambda s, lg: timer.start(ev))(event), False))
+                cbs.append((lambda ev: lambda s, lg: timer.end(ev))(event))
             if algos or cbs:
                 table[event] = (tuple(algos), tuple(cbs))
         self._table = table
         self.active = frozenset(table)
+
+    def time_events(self, timer) -> None:
+        """Fire every event and call `timer.start(event)` before its algorithms and
+        `timer.end(event)` after its callbacks (hasten.callbacks.Profile); None stops it."""
+        self.timer = timer
+        self.rebuild()
 
     def describe(self) -> str:
         """Who runs at each event, in firing and dispatch order (events nobody listens to
@@ -40,8 +50,8 @@ class Engine:
             entry = self._table.get(event)
             if entry is None:
                 continue
-            algos = ", ".join(a.name for a, _, _ in entry[0])
-            cbs = ", ".join(type(fn.__self__).__name__ for fn in entry[1])
+            algos = ", ".join(a.name for a, _, _ in entry[0] if a is not None)
+            cbs = ", ".join(type(fn.__self__).__name__ for fn in entry[1] if hasattr(fn, "__self__"))
             lines.append(f"{event.name:<18} " + "; ".join(x for x in (algos and f"algorithms: {algos}",
                                                                      cbs and f"callbacks: {cbs}") if x))
         return "\n".join(lines)

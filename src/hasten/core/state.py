@@ -32,6 +32,9 @@ class State:
     callbacks: list = field(default_factory=list)
     timestamp: Timestamp = field(default_factory=Timestamp)
     grad_accum: int = 1
+    microbatch: int | None = None # samples per micro-batch when the Trainer splits by size (microbatch=N, or
+                                  # the size microbatch='auto' found to fit); None: grad_accum parts
+    microbatch_auto: bool = False # microbatch='auto': halve on out-of-memory; a resume starts from the saved size
     scaler: Any = None            # torch.amp.GradScaler for fp16-mixed
     forward_model: Any = None     # what the forward pass calls: the model, or its compiled form
     batch_fn: Callable | None = None   # batch -> (inputs, targets): the Trainer's batch contract
@@ -68,6 +71,9 @@ class State:
     stop_training: bool = False
     stop_reason: str | None = None
     extra: dict = field(default_factory=dict)  # room for users' own algorithms to share data (hasten's use none)
+    compile_graphs_after_warmup: int | None = None   # compiled runs: graphs compiled inside timed training
+    trainable_changed: Callable | None = None   # call after parameters stop (or start) needing gradients: under
+                                                # DDP the wrapper is rebuilt for the new set (hasten.distributed.prepare)
     device: InitVar[Any] = None        # instead of runtime: a State built by hand
     precision: InitVar[str | None] = None
     seed: InitVar[int | None] = None
@@ -159,8 +165,9 @@ class State:
         return value
 
     def loss_steps_per_read(self) -> int:
-        """Number of optimizer steps in step_losses (micro-batch losses are already weighted)."""
-        return max(1, len(self.step_losses) // self.grad_accum)
+        """Number of optimizer steps in step_losses (micro-batch losses are already weighted; a
+        step split by micro-batch size keeps one entry, its micro-batches' sum)."""
+        return max(1, len(self.step_losses) // (1 if self.microbatch is not None else self.grad_accum))
 
     @property
     def optimizer(self):

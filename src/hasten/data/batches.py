@@ -105,3 +105,17 @@ def token_count(targets) -> int:
     if isinstance(targets, torch.Tensor) and targets.dim() >= 2 and not targets.is_floating_point():
         return targets.numel()
     return 0
+
+
+def describe_inputs(x) -> str:
+    """A batch's inputs in a few words, for messages: shape and dtype of a tensor, else its type."""
+    if isinstance(x, torch.Tensor):
+        return f"a tensor of shape {tuple(x.shape)} ({str(x.dtype).replace('torch.', '')})"
+    return f"a {type(x).__name__}"
+
+
+def check_images(x, who: str) -> None:
+    """A ValueError naming `who` unless `x` is a batch of images (N, C, H, W) of floats."""
+    if not (isinstance(x, torch.Tensor) and x.dim() == 4 and x.is_floating_point()):
+        raise ValueError(f"{who} needs batches of images (batch, channels, height, width) of floats; these inputs "
+                         f"are {describe_inputs(x)}: remove {who} from the algorithms")

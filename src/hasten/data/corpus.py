@@ -30,7 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import DataError
+from ..errors import ConfigError, DataError
 from ..files import atomic_write
 from .download import DatasetNotFoundError, data_root, download
 
@@ -177,9 +177,19 @@ def content_hash(docs: list[Document]) -> str:
 
 
 # ---------------------------------------------------------------------------- tokens
+def _tokenizers(*names):
+    """Attributes of the `tokenizers` library (the `text` extra), or a one-line error naming it."""
+    try:
+        import tokenizers   # optional extra: text (tokenizers)
+    except ImportError:
+        raise ConfigError("data.tokenizer=bpe needs the tokenizers library: pip install 'hasten[text]'") from None
+    return tuple(getattr(tokenizers, n) for n in names)
+
+
 def train_bpe(texts: list[str], vocab_size: int, specials: tuple[str, ...] = (EOD,)):
     """A byte-level BPE tokenizer (`tokenizers`) trained on `texts`; `specials` get the first ids."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers   # optional extra: tokenizers
+    Tokenizer, decoders, models, pre_tokenizers, trainers = _tokenizers("Tokenizer", "decoders", "models",
+                                                                         "pre_tokenizers", "trainers")
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
@@ -198,7 +208,7 @@ class BPE:
 
     @classmethod
     def load(cls, path) -> "BPE":
-        from tokenizers import Tokenizer   # optional extra: tokenizers
+        Tokenizer, = _tokenizers("Tokenizer")
         try:
             return cls(Tokenizer.from_file(str(path)))
         except Exception as e:

@@ -28,6 +28,7 @@ from typing import Literal
 
 import torch
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 
 @dataclass(frozen=True)
@@ -37,7 +38,7 @@ class FSDPOptions:
     reshard_after_forward: bool = True
     """true: free each block's gathered parameters after its forward (ZeRO-3, least memory); false: keep them for the backward (ZeRO-2 style)."""
     activation_checkpointing: bool = False
-    """Recompute each block's activations in the backward instead of keeping them."""
+    """Moved to trainer.activation_checkpointing (still read here, with a deprecation warning)."""
     blocks: tuple[str, ...] = ()
     """Modules sharded as units: name patterns (blocks.*) or class names (Block); default: the model's fsdp_blocks()."""
     checkpoint: Literal["sharded", "whole"] = "sharded"
@@ -71,12 +72,34 @@ def fsdp_blocks(model: nn.Module, patterns: tuple[str, ...] = ()) -> list[nn.Mod
 
 def _checkpoint_activations(block: nn.Module) -> None:
     """Recompute the block's activations in the backward pass instead of keeping them."""
-    from torch.utils.checkpoint import checkpoint
+    if getattr(block, "_hasten_checkpointed", False):
+        return
     forward = block.forward
 
     def checkpointed(*args, **kwargs):
         return checkpoint(forward, *args, use_reentrant=False, **kwargs)
     block.forward = checkpointed
+    block._hasten_checkpointed = True
+
+
+def checkpoint_blocks(model: nn.Module, patterns: tuple[str, ...] = ()) -> int:
+    """Activation checkpointing per block (trainer.activation_checkpointing): each block's
+    activations are recomputed in the backward pass instead of kept, with or without FSDP. The
+    blocks are the model's `fsdp_blocks()` (hasten's GPT, BERT, ViT and conv nets) or the
+    modules `patterns` name (trainer.fsdp.blocks); a Hugging Face model behind hasten's adapter
+    uses its own gradient checkpointing. Returns the number of blocks."""
+    inner = getattr(model, "model", None)
+    if not patterns and hasattr(inner, "gradient_checkpointing_enable") and getattr(inner, "supports_gradient_checkpointing", False):
+        inner.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        return 1
+    blocks = fsdp_blocks(model, patterns)
+    if not blocks:
+        raise ValueError(f"activation_checkpointing: {type(model).__name__} names no blocks to recompute: give "
+                         "trainer.fsdp.blocks (module name patterns such as 'layers.*', or class names), or an "
+                         "fsdp_blocks() method on the model")
+    for block in blocks:
+        _checkpoint_activations(block)
+    return len(blocks)
 
 
 def mixed_precision(precision: str):
@@ -99,9 +122,7 @@ def shard_model(model: nn.Module, device: torch.device, world_size: int, precisi
     if policy is not None:
         kw["mp_policy"] = policy
     for block in fsdp_blocks(model, options.blocks):
-        if options.activation_checkpointing:
-            _checkpoint_activations(block)
-        fully_shard(block, **kw)
+        fully_shard(block, **kw)   # activation checkpointing, when asked, was applied before (checkpoint_blocks)
     fully_shard(model, **kw)
     return model
 

@@ -15,6 +15,8 @@ switch that reduces gradients across ranks on the last micro-batch only.
 """
 from __future__ import annotations
 
+import warnings
+
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -22,7 +24,7 @@ import torch
 
 from ..core.algorithm import parallel_refusal_message
 from ..core.event import Event
-from .fsdp import FSDPOptions, shard_model
+from .fsdp import FSDPOptions, checkpoint_blocks, shard_model
 
 
 @dataclass(frozen=True)
@@ -46,7 +48,7 @@ class Prepared:
 
 
 def prepare(state, engine, parallel: ParallelOptions, optimizers: Any = None, schedulers: Any = None,
-            compile: "bool | dict" = False) -> Prepared:
+            compile: "bool | dict" = False, activation_checkpointing: bool = False) -> Prepared:
     """Steps 1-7 of the module docstring on `state` (its model, optimizers, schedulers and scaler
     are set); `engine` fires INIT."""
     runtime = state.runtime
@@ -63,8 +65,15 @@ def prepare(state, engine, parallel: ParallelOptions, optimizers: Any = None, sc
         refused = parallel_refusal_message(state.algorithms, world.parallelism)
         if refused:
             raise ValueError(refused)
+    fsdp_options = FSDPOptions.of(parallel.fsdp)
+    if fsdp_options.activation_checkpointing:   # the old place of the key: it still works, and says where it moved
+        warnings.warn("trainer.fsdp.activation_checkpointing moved to trainer.activation_checkpointing (Trainer("
+                      "activation_checkpointing=True)), which works with or without FSDP", DeprecationWarning, stacklevel=2)
+        activation_checkpointing = True
+    if activation_checkpointing:
+        checkpoint_blocks(state.model, fsdp_options.blocks)
     if world.sharded:
-        shard_model(state.model, device, world.size, runtime.precision, FSDPOptions.of(parallel.fsdp))
+        shard_model(state.model, device, world.size, runtime.precision, fsdp_options)
     state.optimizers = build_optimizers(state.model, optimizers)
     state.schedulers = build_schedulers(schedulers, state.optimizers)
     if runtime.precision == "fp16-mixed":
@@ -80,9 +89,18 @@ def prepare(state, engine, parallel: ParallelOptions, optimizers: Any = None, sc
             model = state.model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)   # same parameters
         from torch.nn.parallel import DistributedDataParallel
         options = {k: v for a in state.algorithms for k, v in a.ddp_options().items()}
-        ddp = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None, **options)
-        grad_sync = lambda sync: setattr(ddp, "require_backward_grad_sync", sync)   # noqa: E731  what no_sync() sets
-    forward_model = (ddp or model) if not compile else torch.compile(ddp or model, **(compile if isinstance(compile, dict) else {}))
+        ids = [device.index] if device.type == "cuda" else None
+        ddp = DistributedDataParallel(model, device_ids=ids, **options)
+        box = {"ddp": ddp}
+        grad_sync = lambda sync: setattr(box["ddp"], "require_backward_grad_sync", sync)   # noqa: E731  what no_sync() sets
+
+        def rewrap() -> None:
+            """A new wrapper for the parameters that need gradients now (one parameter broadcast):
+            DDP needs no search for unused parameters when none is unused."""
+            box["ddp"] = DistributedDataParallel(model, device_ids=ids, **options)
+            state.forward_model = box["ddp"] if not compile else torch.compile(box["ddp"], **_compile_options(compile))
+        state.trainable_changed = rewrap
+    forward_model = (ddp or model) if not compile else torch.compile(ddp or model, **_compile_options(compile))
     state.forward_model = forward_model
     # DDP: evaluate the module inside (no collectives in evaluation); FSDP: the sharded model
     # itself (its forward gathers parameters: every rank runs every evaluation batch)
@@ -118,3 +136,10 @@ def build_schedulers(schedulers: Any, optimizers: list) -> list:
     items = list(schedulers) if isinstance(schedulers, (list, tuple)) else [schedulers]
     return [s(optimizers[0]) if callable(s) and not hasattr(s, "step") and not hasattr(s, "apply") else s
             for s in items]
+
+
+def _compile_options(compile) -> dict:
+    """torch.compile's options: static shapes unless the user asks otherwise (a graph per shape,
+    each compiled in the warm-up of a compiled run: dynamic-shape graphs of convolutions have
+    baked one shape's strides into their backward and failed at the next size)."""
+    return {"dynamic": False, **(compile if isinstance(compile, dict) else {})}

@@ -20,6 +20,9 @@ a `transformers` model type such as bert, gpt2, vit), and `load_pretrained_weigh
     Trainer(model, RandomWindows(tokens, 64, 12), ...).fit()
 
 `HFCausalLM.from_config(kind, **config)` builds a randomly initialised model offline.
+
+hasten's methods inside the Hugging Face Trainer: `HastenTrainer` and `muon_optimizer` (in
+hasten.integrations.hf_trainer, importable from here).
 """
 from __future__ import annotations
 
@@ -131,6 +134,15 @@ def build_model(kind: str, name: str, **config) -> nn.Module:
     if kind == "image_classification":
         return HFImageClassifier(t.AutoModelForImageClassification.from_config(cfg))
     raise ConfigError(f"kind={kind!r}: use one of {KINDS}")
+
+
+def __getattr__(name: str):
+    """HastenTrainer and muon_optimizer live in hf_trainer (it subclasses transformers.Trainer,
+    so importing it imports transformers): loaded when first asked for."""
+    if name in ("HastenTrainer", "muon_optimizer"):
+        from . import hf_trainer   # the optional extra (transformers, accelerate) off hasten's start-up
+        return getattr(hf_trainer, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def is_pretrained_folder(path) -> bool:

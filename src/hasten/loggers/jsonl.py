@@ -50,7 +50,8 @@ class JSONLLogger(LoggerDestination):
         self._f = open(self.path, "a", buffering=1)
 
     def log_hparams(self, hparams):
-        self._f.write(json.dumps({"hparams": hparams}, default=str) + "\n")
+        """Nothing: metrics.jsonl holds one row per step and nothing else (readers rely on
+        it); a run folder keeps its recipe in recipe.yaml."""
 
     def close(self):
         if not self._f.closed:

@@ -211,6 +211,12 @@ def muon_optimizers(model: torch.nn.Module, muon_lr: float = 0.02, muon_momentum
                     adjust_lr_fn: str | None = None, fused: bool | None = None,
                     ns_steps: int = 5, normalize_weights: bool = False,
                     ns_dtype: str = "auto", precision: str = "fp32") -> list[torch.optim.Optimizer]:
+    """[Muon over the hidden matrices and conv kernels, AdamW over the rest]: parameters with two
+    or more dimensions whose names match none of `exclude` (embeddings and heads by default) go
+    to Muon (`muon_lr`, `muon_momentum`, `muon_weight_decay`, `ns_steps` Newton-Schulz
+    iterations in `ns_dtype`), every other parameter to AdamW (`adam_lr`, `adam_betas`,
+    `adam_weight_decay`). Give the list to the Trainer's `optimizers=`, or step both in a loop;
+    a list without the Muon part when the model has no such matrices."""
     hidden, other = split_for_muon(model, exclude)
     opts = []
     if hidden:

@@ -23,6 +23,10 @@ KINDS = ("constant", "linear", "cosine", "wsd")
 
 
 class LRSchedule:
+    """A learning-rate factor as a function of training progress: `kind` cosine, linear, constant or
+    wsd (warm-up, stable, decay over `warmdown`), a linear warm-up from `start_factor` over `warmup`
+    (typed time), decaying to `min_factor`. The Trainer multiplies each group's base rate by it
+    every batch; `schedule(progress)` gives the factor."""
     def __init__(self, kind: str = "cosine", warmup: "str | Time" = "0ba", warmdown: "str | Time | None" = None,
                  min_factor: float = 0.0, start_factor: float = 0.0):
         if kind not in KINDS:

@@ -16,6 +16,9 @@ import torch
 
 
 class SGDW(torch.optim.SGD):
+    """torch.optim.SGD with decoupled weight decay: each step multiplies the weights by (1 - lr *
+    weight_decay) before the momentum update, instead of adding weight_decay * w to the gradient. A
+    param group's own `weight_decay` is decoupled too."""
     def __init__(self, params, lr: float = 1e-3, momentum: float = 0.0, dampening: float = 0.0,
                  weight_decay: float = 0.0, nesterov: bool = False, **kwargs):
         self._default_decay = weight_decay

@@ -6,10 +6,14 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Literal
 
 import torch
+from torch.utils.data import DataLoader, Dataset
 
 from ..data.batches import inputs_targets
 from ..errors import ConfigError
 from ..schema import DataSection, ModelSection  # noqa: F401 (re-exported)
+from ..integrations import hf
+from ..data.loaders import make_dataloader
+from ..usercode import build_module, call, check_target, is_target
 
 
 @dataclass
@@ -37,14 +41,67 @@ class NamedModel:
 
 
 def hf_model_section(raw: dict) -> "NamedModel | None":
-    """A `model: {name: hf/KIND, ...}` section (a `transformers` model type and its config's
-    keys, built offline by hasten.integrations.hf), or None for any other section."""
+    """A model section every task takes besides its own models: `{name: hf/KIND, ...}` (a
+    `transformers` model type and its config's keys, built offline by
+    hasten.integrations.hf) or `{name: my_pkg.models:Net, ...}` (a user's module class or
+    factory and its keyword arguments, hasten.usercode); None for any other section."""
     name = (raw or {}).get("name")
     if isinstance(name, str) and name.startswith("hf/"):
         if len(name) == 3:
             raise ConfigError("model.name: hf/ needs a transformers model type after it, e.g. hf/bert, hf/gpt2, hf/vit")
         return NamedModel(name, {k: v for k, v in raw.items() if k != "name"})
+    if is_target(name):
+        return NamedModel(check_target(name, "model.name"), {k: v for k, v in raw.items() if k != "name"})
     return None
+
+
+def build_named(kind: str, m: NamedModel, hf_args: dict, user_args: dict) -> torch.nn.Module:
+    """The model of a `hf/KIND` or `module:Class` section. A `transformers` config takes
+    `hf_args` (what the task knows, under the config's names) under the recipe's keys; a
+    user's class or factory each of `user_args` (hasten's names: vocab_size, num_classes,
+    block_size, image_size, pad_id) that it accepts by name and the recipe does not give."""
+    if m.name.startswith("hf/"):
+        return hf.build_model(kind, m.name[3:], **{**hf_args, **m.args})
+    return build_module(m.name, m.args, user_args)
+
+
+def user_loaders(factory: str, args: dict, batch_size: int, eval_batch_size: int, seed: int,
+                 num_workers: "int | None" = None, drop_last: bool = False) -> tuple[Any, Any, Any]:
+    """(training loader, evaluation loader, what the factory gave for training) from a user's
+    `data.factory` (`module:function`).
+
+    The function is called with `data.factory_args`, plus `batch_size`, `eval_batch_size` and
+    `seed` where it takes them by name. It returns `(train, eval)` or `{"train": ..., "eval":
+    ...}`; each a map-style Dataset of (inputs, target) pairs (hasten makes its resumable,
+    seeded DataLoader: shuffled for training, `data.batch_size` a batch) or any iterable of
+    batches (a DataLoader, used as it is). `eval` may be None (no evaluation)."""
+    made = call(factory, "data.factory", args, {"batch_size": batch_size, "eval_batch_size": eval_batch_size,
+                                                "seed": seed})
+    if isinstance(made, dict) and "train" in made:
+        train, evaluation = made["train"], made.get("eval")
+    elif isinstance(made, (tuple, list)) and len(made) == 2:
+        train, evaluation = made
+    else:
+        raise ConfigError(f"data.factory: {factory} returned {_kind(made)}; return (train, eval) or "
+                          "{'train': ..., 'eval': ...}, each a Dataset or a DataLoader (eval may be None)")
+
+    def loader(x, split, size, shuffle):
+        if x is None and split == "eval":
+            return None
+        if isinstance(x, Dataset) and hasattr(x, "__getitem__") and hasattr(x, "__len__"):
+            if len(x) == 0:
+                raise ConfigError(f"data.factory: {factory} returned an empty {split} dataset")
+            return make_dataloader(x, size, shuffle=shuffle, seed=seed, num_workers=num_workers,
+                                   drop_last=drop_last and shuffle)
+        if isinstance(x, (Dataset, DataLoader)) or (hasattr(x, "__iter__") and not isinstance(x, (str, bytes, dict))):
+            return x
+        raise ConfigError(f"data.factory: {factory} returned {_kind(x)} for {split}; give a Dataset or a DataLoader")
+
+    return loader(train, "train", batch_size, True), loader(evaluation, "eval", eval_batch_size, False), train
+
+
+def _kind(x) -> str:
+    return "None" if x is None else f"a {type(x).__name__}"
 
 
 @dataclass(frozen=True)

@@ -7,8 +7,8 @@ prepare scripts write them). Registered as tasks `char_lm` and `lm`. Metrics: va
 per token) and, with BPE, val/bpb (bits per byte of text: tokenizers compare)."""
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
-from typing import Literal, Optional
+from dataclasses import dataclass, field, replace
+from typing import Any, Literal, Optional
 
 from ..data.corpus import BPE, token_bytes, tokenized_corpus
 from ..data.text import (ByteTokenizer, CharTokenizer, EvalWindows, RandomWindows, check_token_range, load_text,
@@ -18,8 +18,7 @@ from ..metrics import bits_per_byte
 from ..models.gpt import GPT, GPTConfig
 from ..schema import from_dict, setting
 from ..registry import register_task
-from ..integrations import hf
-from .base import Built, NamedModel, Quality, TaskSpec, hf_model_section
+from .base import Built, NamedModel, Quality, TaskSpec, build_named, hf_model_section, user_loaders
 
 
 @dataclass
@@ -38,6 +37,10 @@ class DataConfig:
     """bpe: every val_every-th document (in file order) is held out for validation."""
     document_mask: bool = False
     """bpe: attention stays inside each document of a packed window (block-causal)."""
+    factory: Optional[str] = None
+    """Your own data instead: `module:function` returning (train, eval) datasets or loaders of (tokens, next tokens) (hasten.tasks.base.user_loaders); needs model.vocab_size."""
+    factory_args: dict[str, Any] = field(default_factory=dict)
+    """factory: its keyword arguments."""
     train_file: Optional[str] = None
     """Flat token-id file for training (tokenizer: none)."""
     val_file: Optional[str] = None
@@ -85,8 +88,29 @@ def _tokens(d: DataConfig):
     return train, val, tok, (None, None)
 
 
+def _build_factory(recipe, runtime) -> Built:
+    d: DataConfig = recipe.data
+    m = recipe.model
+    vocab = m.args.get("vocab_size") if isinstance(m, NamedModel) else m.vocab_size
+    if isinstance(m, NamedModel):
+        if vocab is None:
+            raise ConfigError(f"data.factory: give model.vocab_size (the vocabulary {d.factory}'s tokens come from)")
+        model = build_named("causal_lm", m, {"vocab_size": vocab}, {"vocab_size": vocab, "block_size": d.block_size})
+    else:
+        try:
+            model = GPT(GPTConfig(**{k: v for k, v in vars(replace(m, block_size=max(m.block_size, d.block_size))).items()
+                                     if k != "name"}))
+        except ValueError as e:
+            raise ConfigError(f"model: {e}") from e
+    train, val, _ = user_loaders(d.factory, d.factory_args, d.batch_size, d.eval_batch_size, runtime.seed)
+    return Built(model=model, train_dataloader=train, eval_dataloader=val,
+                 info={"data": d.factory, "vocab_size": vocab, "params": sum(p.numel() for p in model.parameters())})
+
+
 def build(recipe, runtime) -> Built:
     d: DataConfig = recipe.data
+    if d.factory:
+        return _build_factory(recipe, runtime)
     train, val, tok, (train_seg, val_seg) = _tokens(d)
     if d.eval_tokens:
         val = val[:d.eval_tokens + 1]
@@ -99,13 +123,14 @@ def build(recipe, runtime) -> Built:
         if len(tokens) < block + 1:
             raise DataError(f"{where}: the {split} split has {len(tokens)} tokens, too few for windows of "
                             f"{block} ({key}); give more text or a smaller {key}")
-    if isinstance(m, NamedModel):   # a transformers causal LM
-        args = {"vocab_size": tok.vocab_size if tok is not None else None, **m.args}
-        if args["vocab_size"] is None:
-            raise ConfigError("model: a Hugging Face model on token files needs model.vocab_size")
-        model = hf.build_model("causal_lm", m.name[3:], **args)
+    if isinstance(m, NamedModel):   # a transformers causal LM or a user's module
+        vocab = tok.vocab_size if tok is not None else m.args.get("vocab_size")
+        if vocab is None:
+            raise ConfigError(f"model: {m.name} on token files needs model.vocab_size")
+        model = build_named("causal_lm", m, {"vocab_size": vocab},
+                            {"vocab_size": vocab, "block_size": max(d.block_size, eval_block)})
         params = sum(p.numel() for p in model.parameters())
-        return _built(model, params, args["vocab_size"], d, runtime, train, val, tok, train_seg, val_seg, eval_block)
+        return _built(model, params, vocab, d, runtime, train, val, tok, train_seg, val_seg, eval_block)
     block = max(d.block_size, eval_block)
     if m.block_size < block:
         m = replace(m, block_size=block)

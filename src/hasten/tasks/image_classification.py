@@ -6,8 +6,8 @@ on the training device as uint8, whole-batch augmentation there, no workers).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Literal, Optional
+from dataclasses import dataclass, field
+from typing import Any, Literal, Optional
 
 import torch
 
@@ -21,14 +21,20 @@ from ..models import MODELS
 from ..models.flops import training_flops_per_sample
 from ..schema import setting, signature_config, suggest
 from ..registry import register_task
-from ..integrations import hf
-from .base import Built, NamedModel, Quality, TaskSpec, hf_model_section
+from ..usercode import is_target
+from .base import Built, NamedModel, Quality, TaskSpec, build_named, hf_model_section, user_loaders
 
 
 @dataclass
 class DataConfig:
     dataset: Literal["cifar10", "imagefolder"] = "cifar10"
     """cifar10 (downloaded and checksummed, or data.path) or an ImageNet-style image folder."""
+    factory: Optional[str] = None
+    """Your own data instead: `module:function` returning (train, eval) datasets or loaders (hasten.tasks.base.user_loaders)."""
+    factory_args: dict[str, Any] = field(default_factory=dict)
+    """factory: its keyword arguments."""
+    num_classes: Optional[int] = setting(None, ge=2)
+    """factory: the number of classes (default: the training dataset's `classes`)."""
     path: Optional[str] = None
     """cifar10: the official archive or folder, or an image-folder zip; imagefolder: the root."""
     image_size: int = setting(224, ge=1)
@@ -65,7 +71,7 @@ class DataConfig:
 
 def model_config(raw: dict) -> NamedModel:
     hf_section = hf_model_section(raw)
-    if hf_section is not None:   # a transformers image classifier, e.g. hf/vit
+    if hf_section is not None:   # a transformers image classifier (hf/vit) or a user's module
         return hf_section
     raw = dict(raw or {})
     name = raw.pop("name", None)
@@ -77,9 +83,9 @@ def model_config(raw: dict) -> NamedModel:
 
 
 def _model(m: NamedModel, classes: int = 10, image_size: int = 32) -> torch.nn.Module:
-    if m.name.startswith("hf/"):
-        return hf.build_model("image_classification", m.name[3:],
-                              **{"num_labels": classes, "image_size": image_size, **m.args})
+    if m.name.startswith("hf/") or is_target(m.name):
+        return build_named("image_classification", m, {"num_labels": classes, "image_size": image_size},
+                           {"num_classes": classes, "image_size": image_size})
     return MODELS[m.name](**m.args)
 
 
@@ -123,8 +129,24 @@ def _build_imagefolder(recipe, runtime) -> Built:
                        "params": sum(p.numel() for p in model.parameters())})
 
 
+def _build_factory(recipe, runtime) -> Built:
+    d: DataConfig = recipe.data
+    train, test, given = user_loaders(d.factory, d.factory_args, d.batch_size, d.eval_batch_size, runtime.seed,
+                                      d.num_workers, d.drop_last)
+    source = getattr(given, "dataset", given)   # a DataLoader's dataset, or the dataset itself
+    classes = d.num_classes or len(getattr(source, "classes", None) or []) or None
+    if classes is None:
+        raise ConfigError(f"data.factory: give data.num_classes (the number of classes {d.factory}'s data has)")
+    model = _model(recipe.model, classes, d.image_size)
+    return Built(model=model, train_dataloader=train, eval_dataloader=test,
+                 metrics={"acc": _accuracy(classes)},
+                 info={"data": d.factory, "classes": classes, "params": sum(p.numel() for p in model.parameters())})
+
+
 def build(recipe, runtime) -> Built:
     d: DataConfig = recipe.data
+    if d.factory:
+        return _build_factory(recipe, runtime)
     if d.dataset == "imagefolder":
         return _build_imagefolder(recipe, runtime)
     data = load_cifar10(d.path)
@@ -149,6 +171,7 @@ def build(recipe, runtime) -> Built:
 
 
 SPEC = register_task(TaskSpec(
-    name="image_classification", description="CIFAR-10 or an image folder, with the reference conv nets",
+    name="image_classification", aliases=("classification",),
+    description="classification: CIFAR-10, an image folder or your own data (data.factory), with any model",
     data_config=DataConfig, model_config=NamedModel, parse_model=model_config, build=build,
     quality=Quality("val/acc", "max"), logs=("val/loss", "val/acc")))

@@ -17,12 +17,11 @@ from typing import Literal, Optional
 from ..data.corpus import EOD, tokenized_corpus
 from ..data.masking import MaskedEvalWindows, MaskedWindows
 from ..errors import ConfigError, DataError
-from ..integrations import hf
 from ..metrics import masked_accuracy
 from ..models.bert import BERT, BertConfig
 from ..registry import register_task
 from ..schema import from_dict, setting
-from .base import Built, NamedModel, Quality, TaskSpec, hf_model_section
+from .base import Built, NamedModel, Quality, TaskSpec, build_named, hf_model_section
 
 SPECIALS = (EOD, "[MASK]", "[CLS]", "[PAD]")   # a BERT tokenizer's special tokens (masked_lm and text_classification)
 
@@ -86,8 +85,9 @@ def build(recipe, runtime) -> Built:
             raise DataError(f"{d.source}: the {split} split has {n} tokens, too few for windows of {d.block_size} "
                             "(data.block_size)")
     m = recipe.model
-    if isinstance(m, NamedModel):   # a transformers masked LM
-        model = hf.build_model("masked_lm", m.name[3:], **{"vocab_size": tok.vocab_size, **m.args})
+    if isinstance(m, NamedModel):   # a transformers masked LM or a user's module
+        model = build_named("masked_lm", m, {"vocab_size": tok.vocab_size},
+                            {"vocab_size": tok.vocab_size, "block_size": d.block_size})
     else:
         try:
             cfg = BertConfig(**{k: v for k, v in vars(replace(m, vocab_size=tok.vocab_size,

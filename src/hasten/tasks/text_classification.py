@@ -31,12 +31,11 @@ from ..data.corpus import corpus_tokenizer, read_documents, split_documents
 from ..data.download import DatasetNotFoundError
 from ..data.loaders import TensorPairs, make_dataloader
 from ..errors import ConfigError, DataError
-from ..integrations import hf
 from ..metrics import accuracy, f1
 from ..models.bert import BertClassifier, BertConfig
 from ..registry import register_task
 from ..schema import from_dict, setting
-from .base import Built, NamedModel, Quality, TaskSpec, hf_model_section
+from .base import Built, NamedModel, Quality, TaskSpec, build_named, hf_model_section
 from .masked_lm import SPECIALS
 
 
@@ -159,10 +158,12 @@ def build(recipe, runtime) -> Built:
 
     (tx, ty), (vx, vy) = tensors(train_docs), tensors(val_docs)
     m = recipe.model
-    if isinstance(m, NamedModel):
-        model = hf.build_model("sequence_classification", m.name[3:],
-                               **{"vocab_size": tok.vocab_size, "num_labels": len(classes), "pad_token_id": pad_id,
-                                  "pad_id": pad_id, **m.args})
+    if isinstance(m, NamedModel):   # a transformers sequence classifier or a user's module
+        model = build_named("sequence_classification", m,
+                            {"vocab_size": tok.vocab_size, "num_labels": len(classes), "pad_token_id": pad_id,
+                             "pad_id": pad_id},
+                            {"vocab_size": tok.vocab_size, "num_classes": len(classes), "pad_id": pad_id,
+                             "block_size": d.block_size})
     else:
         try:
             cfg = BertConfig(**{k: v for k, v in vars(replace(m, vocab_size=tok.vocab_size,

@@ -1,0 +1,436 @@
+"""`hasten tune`: measure the systems settings on the user's own model and machine, and write
+the fastest recipe.
+
+    hasten tune cifar10-narrow                      # ~10 minutes; a table, a plot, tuned.yaml
+    hasten train tune-results/cifar10-narrow/tuned.yaml
+    hasten tune shakespeare-char-baseline --lr      # a learning-rate range test instead
+
+What is searched, in this order, each decision fixed before the next (so the later ones are
+measured under the earlier winners: channels-last under the chosen precision, and so on):
+precision (fp32, bf16-mixed where the CPU or GPU has bf16 hardware, fp16-mixed on a GPU),
+channels-last (models with 2-D convolutions), `torch.compile` (off, default; the reduce-
+overhead mode on a GPU), the data path (the device-resident loader or a DataLoader with
+workers, where the task has both), intra-op threads (CPU), the host allocator settings
+(CPU), and micro-batches of the recipe's global batch (the whole batch, halves, quarters:
+the largest that fits and the fastest). A setting that cannot help here is not tried, and
+says why (bf16 on a CPU without bf16 hardware is emulated: many times slower).
+
+Each trial is its own process, started fresh: warm-up steps are excluded (the first step's
+extra time is reported as compilation), then enough steps for at least a few seconds of
+measurement; the options of a stage alternate over rounds (A B A B ...) so that drift does
+not favour one. A stage's throughput is samples per second from the median step time, with a
+95% bootstrap interval over the measured steps; a crash, an out-of-memory or a refusal is
+recorded with its reason. An option is taken only when its interval's lower end clears the
+incumbent's median (otherwise the simpler setting stays).
+
+Quality guard: an option that changes the arithmetic (precision, compilation) must keep the
+training loss over the first steps within a tolerance of the recipe's own arithmetic: the
+mean loss over the last half of `guard_steps` steps, against the spread of two reference
+runs (seeds 0 and 1) of the recipe's precision: |tuned - reference mean| <= max(3 x the
+reference spread, 2% of the reference). An option that fails is reported and excluded, and
+the search goes on without it.
+
+Output (`--out`, default tune-results/RECIPE): `tune.md` (the table and the one-line
+summary), `tune.json`, `tune.png` (throughput per option with intervals), `tuned.yaml` (the
+recipe as `base:` plus the winning overrides, which `hasten train` runs as it is). The result
+is cached per machine and recipe (`$HASTEN_DATA/tune/`): a second call prints it at once
+(`--fresh` measures again).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+import yaml
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+from ..config import Recipe, load_recipe, to_dict
+from ..data.download import data_root
+from ..errors import ConfigError
+from ..files import atomic_write
+from ..hardware import cpu_flags, cpu_name
+from ..registry import TASKS
+
+GUARDED = ("precision", "compile")   # stages whose options change the arithmetic
+
+
+@dataclass
+class Option:
+    stage: str
+    label: str
+    overrides: list[str]
+    note: str = ""
+
+
+@dataclass
+class Trial:
+    option: Option
+    results: list[dict] = field(default_factory=list)
+
+    @property
+    def times(self) -> list[float]:
+        return [t for r in self.results if r.get("status") == "ok" for t in r["times"][r["warmup"]:]]
+
+    @property
+    def failure(self) -> str | None:
+        bad = [r for r in self.results if r.get("status") != "ok"]
+        return f"{bad[0]['status']}: {bad[0].get('reason', '')}" if bad else None
+
+
+def machine_key() -> dict:
+    """What the measurements hold for: the CPU and its flags, the GPU, torch."""
+    flags = sorted(cpu_flags() & {"avx2", "avx512f", "avx512_bf16", "avx512_fp16", "amx_bf16", "amx_tile",
+                                  "avx512_vnni", "avx_vnni"})
+    return {"cpu": cpu_name(), "flags": flags, "cores": os.cpu_count(), "torch": torch.__version__,
+            "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None}
+
+
+def bf16_fast() -> bool:
+    return torch.cuda.is_available() or bool(cpu_flags() & {"avx512_bf16", "amx_bf16"})
+
+
+def _median_ci(xs: list[float], reps: int = 2000, seed: int = 0) -> tuple[float, float, float]:
+    rng = random.Random(seed)
+    med = statistics.median(xs)
+    boots = sorted(statistics.median(rng.choices(xs, k=len(xs))) for _ in range(reps))
+    return med, boots[int(0.025 * reps)], boots[int(0.975 * reps) - 1]
+
+
+def throughput(trial: Trial, batch: int) -> dict | None:
+    """Samples per second from the median step time, with its 95% interval (from the step times'
+    bootstrap interval), over every measured step of every round."""
+    xs = trial.times
+    if len(xs) < 3:
+        return None
+    med, lo, hi = _median_ci(xs)
+    return {"samples_per_s": batch / med, "low": batch / hi, "high": batch / lo, "step_s": med, "steps": len(xs)}
+
+
+def stages(recipe: Recipe) -> list[tuple[str, list[Option], str]]:
+    """The stages to search for this recipe on this machine: (name, options, why skipped or '')."""
+    out = []
+    t, d = recipe.trainer, recipe.data
+    cuda = torch.cuda.is_available()
+    written = t.precision
+    prec = [Option("precision", "fp32", ["trainer.precision=fp32"])]
+    if bf16_fast():
+        prec.append(Option("precision", "bf16-mixed", ["trainer.precision=bf16-mixed"]))
+    if cuda:
+        prec.append(Option("precision", "fp16-mixed", ["trainer.precision=fp16-mixed"]))
+    out.append(("precision", prec, "" if len(prec) > 1 else
+                f"fp32 only: this CPU has no bf16 hardware (bf16 would be emulated, many times slower); "
+                f"the recipe asks {written}"))
+    conv = recipe.task == "image_classification"
+    plain = ["algorithms.channels_last=null"] + (["data.channels_last=false"] if getattr(d, "channels_last", False) else [])
+    out.append(("channels_last", [Option("channels_last", "contiguous", plain),
+                                  Option("channels_last", "channels-last", ["algorithms.channels_last={}"])] if conv else [],
+                "" if conv else "no 2-D convolutions in this task's models"))
+    comp = [Option("compile", "eager", ["trainer.compile=false"]),
+            Option("compile", "compiled", ["trainer.compile=true"])]
+    out.append(("compile", comp, ""))
+    if hasattr(d, "loader"):
+        workers = max(1, (os.cpu_count() or 2) - 1)
+        out.append(("loader", [Option("loader", "device", ["data.loader=device"]),
+                               Option("loader", f"dataloader x{workers}", ["data.loader=dataloader",
+                                                                          f"data.num_workers={workers}",
+                                                                          "data.channels_last=false"])], ""))
+    else:
+        out.append(("loader", [], "the task has one data path"))
+    cores = os.cpu_count() or 1
+    if not cuda and cores > 1:
+        out.append(("threads", [Option("threads", f"{cores} threads", [f"trainer.threads={cores}"]),
+                                Option("threads", f"{cores - 1} threads", [f"trainer.threads={cores - 1}"])], ""))
+        out.append(("host_allocator", [Option("host_allocator", "glibc default", ["trainer.host_allocator=default"]),
+                                       Option("host_allocator", "tuned", ["trainer.host_allocator=tuned"])], ""))
+    else:
+        out.append(("threads", [], "a GPU run" if cuda else "one core"))
+    b = d.batch_size
+    sizes = [m for m in (b // 2, b // 4) if m >= 1]
+    out.append(("microbatch", [Option("microbatch", f"whole batch ({b})", ["trainer.microbatch=null"])]
+                + [Option("microbatch", f"micro-batches of {m}", [f"trainer.microbatch={m}"]) for m in sizes], ""))
+    return out
+
+
+class Tuner:
+    def __init__(self, recipe_arg: str, overrides: list[str], budget_s: float, out: Path, console: Console,
+                 rounds: int = 2, guard_steps: int = 150, min_seconds: float = 4.0, steps: int = 8, warmup: int = 3):
+        self.recipe_arg, self.overrides = recipe_arg, list(overrides)
+        self.recipe = load_recipe(recipe_arg, overrides)
+        self.budget_s, self.out, self.console = budget_s, out, console
+        self.rounds, self.guard_steps = rounds, guard_steps
+        self.min_seconds, self.steps, self.warmup = min_seconds, steps, warmup
+        self.t0 = time.perf_counter()
+        self.spent_per_trial: list[float] = []
+
+    # ------------------------------------------------------------------ trials
+    def run_trial(self, overrides: list[str], label: str, seed: int = 0, max_steps: int | None = None,
+                  steps: int | None = None, min_seconds: float | None = None) -> dict:
+        with tempfile.TemporaryDirectory(prefix="hasten-tune-") as tmp:
+            spec = {"label": label, "recipe": self.recipe_arg, "overrides": self.overrides + overrides, "seed": seed,
+                    "run_dir": str(Path(tmp) / "run"), "warmup": self.warmup, "steps": steps or self.steps,
+                    "min_seconds": self.min_seconds if min_seconds is None else min_seconds,
+                    "max_steps": max_steps or max(60, self.warmup + self.steps)}
+            Path(tmp, "spec.json").write_text(json.dumps(spec))
+            t = time.perf_counter()
+            proc = subprocess.run([sys.executable, "-m", "hasten.tune.worker", str(Path(tmp, "spec.json")),
+                                   str(Path(tmp, "out.json"))], capture_output=True, text=True)
+            self.spent_per_trial.append(time.perf_counter() - t)
+            try:
+                result = json.loads(Path(tmp, "out.json").read_text())
+            except (OSError, ValueError):
+                tail = (proc.stderr or proc.stdout or "").strip().splitlines()[-1:] or ["no output"]
+                result = {"label": label, "status": "failed", "reason": f"the trial process ended ({proc.returncode}): "
+                                                                       f"{tail[0][:200]}"}
+        result["warmup"] = self.warmup
+        return result
+
+    def left_s(self) -> float:
+        return self.budget_s - (time.perf_counter() - self.t0)
+
+    def trial_cost(self) -> float:
+        return statistics.median(self.spent_per_trial) if self.spent_per_trial else 30.0
+
+    def measure(self, options: list[Option], fixed: list[str], progress, task) -> list[Trial]:
+        """Every option under the settings fixed so far, interleaved over rounds."""
+        trials = [Trial(o) for o in options]
+        for r in range(self.rounds):
+            order = trials if r % 2 == 0 else list(reversed(trials))
+            for tr in order:
+                if tr.failure and r > 0:
+                    continue
+                res = self.run_trial(fixed + tr.option.overrides, tr.option.label)
+                res["round"] = r
+                tr.results.append(res)
+                progress.advance(task)
+        return trials
+
+    # ------------------------------------------------------------------ the search
+    def search(self) -> dict:
+        batch = self.recipe.data.batch_size
+        fixed: list[str] = []
+        table, decisions, skipped = [], {}, []
+        plan = stages(self.recipe)
+        total = sum(len(o) for _, o, _ in plan) * self.rounds + 3 * self.rounds
+        with Progress(TextColumn("[bold]tune"), BarColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
+                      console=self.console) as progress:
+            task = progress.add_task("", total=total)
+            written = self.measure([Option("as written", "the recipe as written", [])], [], progress, task)[0]
+            base_tp = throughput(written, batch)
+            for name, options, why in plan:
+                if not options or why:
+                    skipped.append({"stage": name, "why": why or "nothing to choose"})
+                    if options:
+                        fixed += options[0].overrides
+                        decisions[name] = options[0].label
+                    continue
+                need = len(options) * self.rounds * self.trial_cost()
+                if need > self.left_s():
+                    skipped.append({"stage": name, "why": f"the budget left ({self.left_s():.0f} s) is less than the "
+                                                          f"stage needs (about {need:.0f} s)"})
+                    progress.advance(task, len(options) * self.rounds)
+                    continue
+                progress.update(task, description=name)
+                trials = self.measure(options, fixed, progress, task)
+                rows = []
+                for tr in trials:
+                    tp = throughput(tr, batch)
+                    compile_s = [max(0.0, r["times"][0] - statistics.median(r["times"][r["warmup"]:]))
+                                 for r in tr.results if r.get("status") == "ok" and len(r["times"]) > r["warmup"]]
+                    rows.append({"stage": name, "option": tr.option.label, "overrides": tr.option.overrides,
+                                 "throughput": tp, "first_step_extra_s": statistics.median(compile_s) if compile_s else None,
+                                 "miss": tr.failure})
+                winner = self._choose(trials, rows)
+                for row in rows:
+                    row["chosen"] = row["option"] == winner.option.label
+                table += rows
+                fixed += winner.option.overrides
+                decisions[name] = winner.option.label
+            guard = self._guard(fixed, decisions, table, progress, task)
+            progress.update(task, description="the tuned recipe against the recipe as written")
+            final = self.measure([Option("final", "tuned", fixed), Option("final", "as written", [])], [], progress, task)
+        tuned_tp, written_tp = throughput(final[0], batch), throughput(final[1], batch) or base_tp
+        return {"recipe": self.recipe.name, "recipe_arg": self.recipe_arg, "overrides": self.overrides,
+                "machine": machine_key(), "table": table, "decisions": decisions, "skipped": skipped,
+                "guard": guard, "tuned_overrides": fixed, "tuned": tuned_tp, "as_written": written_tp,
+                "speedup": (tuned_tp["samples_per_s"] / written_tp["samples_per_s"]) if tuned_tp and written_tp else None,
+                "budget_s": self.budget_s, "spent_s": time.perf_counter() - self.t0,
+                "date": time.strftime("%Y-%m-%d %H:%M")}
+
+    def _choose(self, trials: list[Trial], rows: list[dict]) -> Trial:
+        """The first option (the simplest) unless another's interval lies wholly above its median."""
+        incumbent = trials[0]
+        inc_tp = rows[0]["throughput"]
+        best, best_tp = incumbent, inc_tp
+        for tr, row in zip(trials[1:], rows[1:]):
+            tp = row["throughput"]
+            if tp is None or row["miss"]:
+                continue
+            if inc_tp is None or (tp["low"] > (best_tp or inc_tp)["samples_per_s"] and tp["samples_per_s"] > (best_tp or inc_tp)["samples_per_s"]):
+                best, best_tp = tr, tp
+        return best
+
+    def _guard(self, fixed: list[str], decisions: dict, table: list[dict], progress, task) -> dict:
+        """The quality guard for the winners that change the arithmetic (see the module doc)."""
+        changed = [s for s in GUARDED if any(r["stage"] == s and r["chosen"] and r["option"] != _default(s, self.recipe)
+                                              for r in table)]
+        if not changed:
+            return {"checked": False, "why": "no option that changes the arithmetic was chosen"}
+        cost = 3 * self.trial_cost() * max(1.0, self.guard_steps / 30)
+        if cost > self.left_s():
+            return {"checked": False, "why": f"not enough budget left for {self.guard_steps} guard steps"}
+        progress.update(task, description="quality guard")
+        ref_over = [o for o in fixed if not any(o.startswith(k) for k in ("trainer.precision=", "trainer.compile="))]
+        ref_over += ["trainer.precision=fp32", "trainer.compile=false"]   # the fp32 reference, uncompiled
+        kw = dict(max_steps=self.guard_steps, steps=self.guard_steps, min_seconds=0.0)
+        refs = [self.run_trial(ref_over, "reference", seed=s, **kw) for s in (0, 1)]
+        tuned = self.run_trial(fixed, "tuned", seed=0, **kw)
+        progress.advance(task, 3)
+
+        def tail_mean(r):
+            xs = [x for x in r.get("losses", []) if x is not None and math.isfinite(x)]
+            xs = xs[len(xs) // 2:]
+            return sum(xs) / len(xs) if xs else None
+        ref_vals = [tail_mean(r) for r in refs if r.get("status") == "ok"]
+        tuned_val = tail_mean(tuned) if tuned.get("status") == "ok" else None
+        if len(ref_vals) < 2 or tuned_val is None:
+            return {"checked": False, "why": "a guard run failed", "runs": [r.get("reason") for r in refs + [tuned]]}
+        ref = sum(ref_vals) / 2
+        spread = abs(ref_vals[0] - ref_vals[1])
+        tol = max(3 * spread, 0.02 * abs(ref))
+        ok = abs(tuned_val - ref) <= tol
+        out = {"checked": True, "passed": ok, "options": changed, "steps": self.guard_steps, "reference": ref_vals,
+               "tuned": tuned_val, "tolerance": tol}
+        if not ok:   # the arithmetic-changing options go back to the recipe's own
+            for s in changed:
+                fixed[:] = [o for o in fixed if not o.startswith("trainer.precision=" if s == "precision"
+                                                                  else "trainer.compile=")]
+                decisions[s] = f"excluded by the quality guard (was {decisions[s]})"
+        return out
+
+
+def _default(stage: str, recipe: Recipe) -> str:
+    return {"precision": "fp32" if recipe.trainer.precision in ("fp32", "auto") else recipe.trainer.precision,
+            "compile": "eager"}.get(stage, "")
+
+
+# ---------------------------------------------------------------------------- output
+def cache_path(recipe_arg: str, overrides: list[str], recipe: Recipe) -> Path:
+    key = json.dumps({"machine": machine_key(), "recipe": to_dict(recipe)}, sort_keys=True, default=str)
+    return data_root() / "tune" / f"{recipe.name}-{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
+
+
+def _fmt_tp(tp: dict | None) -> str:
+    if not tp:
+        return "-"
+    return f"{tp['samples_per_s']:,.1f} [{tp['low']:,.1f}, {tp['high']:,.1f}]"
+
+
+def render(result: dict) -> str:
+    m = result["machine"]
+    lines = [f"# hasten tune: {result['recipe']}", "",
+             f"Machine: {m['cpu']} ({', '.join(m['flags'])}), {m['cores']} cores"
+             + (f", {m['gpu']}" if m.get("gpu") else "") + f", torch {m['torch']}; measured {result['date']}, "
+             f"{result['spent_s'] / 60:.1f} of {result['budget_s'] / 60:.0f} minutes.", "",
+             "| stage | option | samples/s [95% interval] | first-step extra s | chosen | miss |",
+             "|---|---|---|---|---|---|"]
+    for r in result["table"]:
+        extra = f"{r['first_step_extra_s']:.1f}" if r.get("first_step_extra_s") is not None else "-"
+        lines.append(f"| {r['stage']} | {r['option']} | {_fmt_tp(r['throughput'])} | {extra} | "
+                     f"{'**yes**' if r.get('chosen') else ''} | {r.get('miss') or ''} |")
+    if result["skipped"]:
+        lines += [""] + [f"- {s['stage']}: not searched: {s['why']}" for s in result["skipped"]]
+    g = result["guard"]
+    lines += ["", "Quality guard: " + (
+        f"{'passed' if g['passed'] else 'FAILED (excluded)'} for {', '.join(g['options'])}: mean training loss over "
+        f"the last half of {g['steps']} steps {g['tuned']:.4f} against the reference's {g['reference'][0]:.4f} and "
+        f"{g['reference'][1]:.4f} (tolerance {g['tolerance']:.4f})" if g.get("checked") else f"not run: {g['why']}")]
+    lines += ["", f"Tuned overrides: `{' '.join(result['tuned_overrides']) or '(none: the recipe as written)'}`", "",
+              summary(result)]
+    return "\n".join(lines) + "\n"
+
+
+def summary(result: dict) -> str:
+    chosen = [v for k, v in result["decisions"].items() if "excluded" not in v]
+    if not result.get("speedup"):
+        return "The tuned recipe could not be measured against the recipe as written."
+    return (f"{' + '.join(chosen)}: {result['speedup']:.2f}x the recipe's throughput on this machine "
+            f"({_fmt_tp(result['tuned'])} against {_fmt_tp(result['as_written'])} samples/s).")
+
+
+def plot(result: dict, path: Path) -> Path | None:
+    try:
+        import matplotlib   # optional extra: plot
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt   # optional extra: plot
+    except ImportError:
+        return None
+    rows = [r for r in result["table"] if r["throughput"]]
+    if not rows:
+        return None
+    fig, ax = plt.subplots(figsize=(8, 0.4 * len(rows) + 1.5))
+    ys = range(len(rows))
+    vals = [r["throughput"]["samples_per_s"] for r in rows]
+    err = [[v - r["throughput"]["low"] for v, r in zip(vals, rows)], [r["throughput"]["high"] - v for v, r in zip(vals, rows)]]
+    ax.barh(list(ys), vals, xerr=err, color=["tab:green" if r.get("chosen") else "tab:gray" for r in rows])
+    ax.set_yticks(list(ys), [f"{r['stage']}: {r['option']}" for r in rows])
+    ax.invert_yaxis()
+    ax.set_xlabel("samples per second (95% interval)")
+    ax.set_title(f"hasten tune {result['recipe']} on {result['machine']['cpu']}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def write(result: dict, out: Path) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    atomic_write(out / "tune.json", lambda f: json.dump(result, f, indent=2, default=str), binary=False)
+    md = render(result)
+    png = plot(result, out / "tune.png")
+    if png:
+        md += f"\n![throughput per option]({png.name})\n"
+    atomic_write(out / "tune.md", lambda f: f.write(md), binary=False)
+    base = result["recipe_arg"]
+    if base.endswith((".yaml", ".yml")):
+        base = os.path.relpath(Path(base).resolve(), out.resolve())
+    tuned = {"base": base, "description": f"{result['recipe']} tuned for {result['machine']['cpu']} by hasten tune"}
+    for o in result["overrides"] + result["tuned_overrides"]:
+        key, _, value = o.partition("=")
+        node = tuned
+        parts = key.split(".")
+        for p in parts[:-1]:
+            node = node.setdefault(p, {})
+        node[parts[-1]] = yaml.safe_load(value) if value != "" else None
+    atomic_write(out / "tuned.yaml", lambda f: yaml.safe_dump(tuned, f, sort_keys=False), binary=False)
+
+
+def tune(recipe_arg: str, overrides: list[str], budget_s: float = 600.0, out: "str | Path | None" = None,
+         fresh: bool = False, console: Console | None = None, **kw) -> dict:
+    """Search the systems settings of a recipe on this machine (see the module doc); returns the result."""
+    console = console or Console(stderr=True)
+    recipe = load_recipe(recipe_arg, overrides)
+    if recipe.task not in TASKS:
+        raise ConfigError(f"hasten tune: unknown task {recipe.task!r}")
+    out = Path(out) if out else Path("tune-results") / recipe.name
+    cache = cache_path(recipe_arg, overrides, recipe)
+    if cache.exists() and not fresh:
+        result = json.loads(cache.read_text())
+        console.print(f"cached: measured on this machine on {result['date']} (--fresh to measure again)")
+    else:
+        result = Tuner(recipe_arg, overrides, budget_s, out, console, **kw).search()
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write(cache, lambda f: json.dump(result, f, indent=2, default=str), binary=False)
+    write(result, out)
+    return result

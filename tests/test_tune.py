@@ -1,0 +1,91 @@
+"""hasten tune: the search plan fits the machine (no bf16 where the CPU would emulate it), the
+choice needs an interval clear of the incumbent, the tuned recipe runs as written, the
+learning-rate range test finds the descent, and the command works end to end."""
+import json
+from pathlib import Path
+
+import pytest
+
+import hasten.tune as tune_mod
+from hasten.config import load_recipe
+from hasten.tune import Option, Trial, Tuner, stages, throughput, write
+from hasten.tune.lr_range import lr_range_test, suggest
+
+from helpers.tiny import run_cli
+
+TINY = Path(__file__).parent / "helpers" / "tiny_lm.yaml"
+
+
+def _plan(recipe, flags, monkeypatch):
+    monkeypatch.setattr(tune_mod, "cpu_flags", lambda: set(flags))
+    return {name: (options, why) for name, options, why in stages(load_recipe(recipe))}
+
+
+def test_an_avx2_only_cpu_is_never_offered_bf16_and_says_why(monkeypatch):
+    plan = _plan("cifar10-narrow", {"avx2"}, monkeypatch)
+    options, why = plan["precision"]
+    assert [o.label for o in options] == ["fp32"] and "no bf16 hardware" in why
+    plan = _plan("cifar10-narrow", {"avx2", "avx512_bf16"}, monkeypatch)
+    assert [o.label for o in plan["precision"][0]] == ["fp32", "bf16-mixed"] and not plan["precision"][1]
+    assert [o.label for o in plan["channels_last"][0]] == ["contiguous", "channels-last"]
+    lm = _plan(str(TINY), {"avx2", "amx_bf16"}, monkeypatch)
+    assert lm["channels_last"][0] == [] and "convolutions" in lm["channels_last"][1]
+    assert lm["loader"][0] == []
+
+
+def _trial(label, step_s):
+    t = Trial(Option("x", label, []))
+    t.results.append({"status": "ok", "warmup": 0, "times": list(step_s)})
+    return t
+
+
+def test_an_option_is_chosen_only_when_its_interval_clears_the_incumbent():
+    tuner = Tuner.__new__(Tuner)
+    slow, same, fast = _trial("a", [1.0, 1.02, 0.98] * 4), _trial("b", [0.99, 1.01, 1.0] * 4), _trial("c", [0.5, 0.52, 0.49] * 4)
+    rows = [{"throughput": throughput(t, 10), "miss": None} for t in (slow, same, fast)]
+    assert tuner._choose([slow, same, fast], rows) is fast
+    assert tuner._choose([slow, same], rows[:2]) is slow          # within noise: the simpler stays
+    broken = Trial(Option("x", "d", []))
+    broken.results.append({"status": "out of memory", "reason": "too big"})
+    assert tuner._choose([slow, broken], [rows[0], {"throughput": None, "miss": "out of memory"}]) is slow
+
+
+def test_the_tuned_recipe_is_the_recipe_plus_the_winning_overrides(tmp_path):
+    result = {"recipe": "tiny", "recipe_arg": str(TINY), "overrides": ["trainer.max_duration=20ba"],
+              "machine": tune_mod.machine_key(), "table": [], "decisions": {"threads": "1 threads"}, "skipped": [],
+              "guard": {"checked": False, "why": "none"}, "tuned_overrides": ["trainer.threads=1", "trainer.microbatch=2"],
+              "tuned": {"samples_per_s": 20.0, "low": 19.0, "high": 21.0}, "as_written": {"samples_per_s": 10.0,
+                                                                                           "low": 9.0, "high": 11.0},
+              "speedup": 2.0, "budget_s": 60, "spent_s": 30, "date": "today"}
+    write(result, tmp_path / "out")
+    recipe = load_recipe(str(tmp_path / "out" / "tuned.yaml"))
+    assert recipe.trainer.threads == 1 and recipe.trainer.microbatch == 2 and recipe.trainer.max_duration == "20ba"
+    md = (tmp_path / "out" / "tune.md").read_text()
+    assert "2.00x the recipe's throughput" in md and "1 threads" in md
+
+
+def test_suggest_finds_the_steepest_descent():
+    factors = [10 ** (-3 + 5 * i / 99) for i in range(100)]
+    # flat, then falling fastest around factor 1, then exploding
+    losses = [3.0 if f < 0.1 else (3.0 - 2.0 * min(1.0, (f - 0.1) / 2)) if f < 5 else 1.0 + (f - 5) for f in factors]
+    s = suggest(factors, losses)
+    assert 0.1 < s < 3
+
+
+def test_lr_range_test_on_a_tiny_run(tmp_path):
+    r = lr_range_test(str(TINY), [], steps=60, out=tmp_path / "lr")
+    assert 10 <= r["steps_run"] <= 60 and r["suggested_factor"] is not None
+    assert r["lrs"] and r["lrs"][0]["suggested"] == pytest.approx(r["lrs"][0]["recipe"] * r["suggested_factor"])
+    assert (tmp_path / "lr" / "lr.md").exists()
+
+
+@pytest.mark.slow
+def test_hasten_tune_end_to_end_and_cached(tmp_path):
+    out = tmp_path / "t"
+    r = run_cli("tune", str(TINY), "trainer.max_duration=200ba", "--budget", "90s", "--out", str(out), "--fresh")
+    assert r.returncode == 0, r.stderr
+    result = json.loads((out / "tune.json").read_text())
+    assert result["as_written"] and result["speedup"] is not None
+    assert load_recipe(str(out / "tuned.yaml")).name
+    again = run_cli("tune", str(TINY), "trainer.max_duration=200ba", "--out", str(out))
+    assert again.returncode == 0 and "cached" in again.stderr
