@@ -152,3 +152,9 @@ def test_float8_training_converts_by_the_rule_and_stays_near_bf16():
     with pytest.raises(ValueError, match="no Linear layer"):
         Trainer(GPT(cfg), [(x, x)], max_duration="1ba", precision="bf16-mixed",
                 algorithms=[Float8Training(min_elements=10**9)])
+    # training under CPU autocast: torchao casts inputs for CUDA's autocast only, and CPU
+    # autocast then cast its float8 operands (aten.to.dtype, refused); hasten's layer handles it
+    t = Trainer(GPT(cfg), [(x, x)] * 2, max_duration="2ba", precision="bf16-mixed",
+                algorithms=[Float8Training(min_elements=0)])
+    t.fit(summary=False)
+    assert all(torch.isfinite(v) for v in t.state.step_losses)

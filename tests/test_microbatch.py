@@ -4,6 +4,7 @@ simulated on the CPU by trainer.memory_limit, the size found is kept in checkpoi
 processes agree on it."""
 import pytest
 import torch
+import torchmetrics
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -57,6 +58,40 @@ def test_auto_halves_on_out_of_memory_and_equals_the_run_that_used_the_final_siz
     for (k, p), q in zip(auto.state.model.state_dict().items(), fixed.state.model.state_dict().values()):
         assert torch.equal(p, q), k    # buffers (batch-norm statistics), dropout draws and gradients all put back
     assert [float(x) for x in auto.state.step_losses] == [float(x) for x in fixed.state.step_losses]
+
+
+class _EvalFits(nn.Module):
+    """The test net, out of memory in evaluation on batches of more than `fits` samples (what
+    CUDA raises on a GPU)."""
+
+    def __init__(self, fits):
+        super().__init__()
+        self.net, self.fits, self.sizes = _net(), fits, []
+
+    def forward(self, x):
+        if not self.training and x.shape[0] > self.fits:
+            raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
+        self.sizes.append(x.shape[0])
+        return self.net(x)
+
+
+def test_evaluation_adapts_the_same_way_and_scores_every_sample_once(capsys):
+    g = torch.Generator().manual_seed(5)
+    x, y = torch.randn(50, 8, generator=g), torch.randint(0, 4, (50,), generator=g)
+    data = DataLoader(TensorDataset(x, y), batch_size=20)
+    plain = Trainer(_EvalFits(10**9), data, eval_dataloader=data, max_duration="1ba", seed=0,
+                    metrics={"acc": torchmetrics.classification.MulticlassAccuracy(4, average="micro")}).evaluate()
+    model = _EvalFits(6)
+    t = Trainer(model, data, eval_dataloader=data, max_duration="1ba", seed=0, microbatch="auto",
+                metrics={"acc": torchmetrics.classification.MulticlassAccuracy(4, average="micro")})
+    adapted = t.evaluate()
+    assert model.sizes == [5, 5, 5, 5, 5, 5, 5, 5, 5, 5]   # 20 -> 10 -> 5; later batches start from 5
+    assert adapted.keys() == plain.keys()
+    for k in plain:
+        assert adapted[k] == pytest.approx(plain[k], rel=1e-6), k   # (float32 sums in another order)
+    assert "evaluation ran out of memory; batches of 5" in capsys.readouterr().err
+    with pytest.raises(torch.OutOfMemoryError):   # without auto: out of memory, as it was
+        Trainer(_EvalFits(6), data, eval_dataloader=data, max_duration="1ba").evaluate()
 
 
 def test_the_size_found_is_kept_in_the_checkpoint_and_a_resume_starts_from_it(tmp_path):

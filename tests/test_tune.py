@@ -50,6 +50,26 @@ def test_an_option_is_chosen_only_when_its_interval_clears_the_incumbent():
     assert tuner._choose([slow, broken], [rows[0], {"throughput": None, "miss": "out of memory"}]) is slow
 
 
+def test_an_arithmetic_option_the_guard_cannot_check_is_not_handed_over(monkeypatch):
+    """A tune whose budget ran out before the quality guard: compilation was the stage's winner,
+    and the tuned recipe goes back to the recipe's own setting, said in the table."""
+    tuner = Tuner.__new__(Tuner)
+    tuner.recipe, tuner.guard_steps = load_recipe(str(TINY)), 150
+    monkeypatch.setattr(Tuner, "trial_cost", lambda self: 10.0)
+    monkeypatch.setattr(Tuner, "left_s", lambda self: 5.0)
+    fixed = ["trainer.compile=true", "trainer.threads=2"]
+    decisions = {"compile": "compiled", "threads": "2 threads"}
+    table = [{"stage": "compile", "option": "eager", "chosen": False, "miss": None},
+             {"stage": "compile", "option": "compiled", "chosen": True, "miss": None},
+             {"stage": "threads", "option": "2 threads", "chosen": True, "miss": None}]
+    guard = tuner._guard(fixed, decisions, table, None, None)
+    assert not guard["checked"] and guard["excluded"] == ["compile"]
+    assert fixed == ["trainer.threads=2"] and decisions["compile"].startswith("excluded")
+    assert not table[1]["chosen"] and "could not check" in table[1]["miss"] and table[2]["chosen"]
+    result = {"decisions": decisions, "speedup": 1.0, "tuned": None, "as_written": None}
+    assert tune_mod.summary(result).startswith("2 threads:")
+
+
 def test_the_tuned_recipe_is_the_recipe_plus_the_winning_overrides(tmp_path):
     result = {"recipe": "tiny", "recipe_arg": str(TINY), "overrides": ["trainer.max_duration=20ba"],
               "machine": tune_mod.machine_key(), "table": [], "decisions": {"threads": "1 threads"}, "skipped": [],

@@ -120,6 +120,7 @@ class Trainer:
         self._budget = parse_bytes(parts.step.memory_limit)   # trainer.memory_limit: activation bytes a micro-batch may save
         self._compiled = bool(parts.step.compile)
         self._warm_pending, self._graphs_after_warmup = False, None
+        self._eval_micro = None   # microbatch='auto': the evaluation batch size found to fit (None: whole)
         self._attach(self.state.callbacks)
         self._share: RankShare | None = None      # data parallel: this rank's share of each batch (set by fit)
         self._evaluated_at: int | None = None     # batch of the last evaluation during fit
@@ -632,21 +633,25 @@ class Trainer:
                     forward(state.forward_model, self.batch_fn(to_device(batch, self.device))[0])   # FSDP: every
                     continue                                       # rank joins every forward's parameter gathers
             batch = to_device(batch, self.device)
-            state.batch = batch
-            run(EVAL_BATCH_START)
-            inputs, targets = self.batch_fn(state.batch)
-            with self.runtime.autocast():
-                outputs = forward(state.forward_model, inputs)
-                state.outputs = outputs
-                if targets is not None:
-                    loss = checked_loss(state.loss_fn, outputs, targets)
-                    loss_sum += loss.double().sum()
-                    count += counted(loss, targets)
-            if targets is not None and metrics:
-                logits = logits_of(outputs)
-                for m in metrics.values():
-                    m.update(logits.float() if logits.is_floating_point() else logits, targets)
-            run(EVAL_BATCH_END)
+            pieces = [batch]   # microbatch='auto': split into what fits, once evaluation ran out of memory
+            while pieces:
+                piece = pieces.pop(0)
+                n = batch_size(piece)
+                if self._eval_micro is not None and n > self._eval_micro:
+                    pieces[:0] = split_batch(piece, micro_count(n, self._eval_micro, 1))
+                    continue
+                try:
+                    piece_loss, piece_count = self._evaluate_batch(piece, metrics, run)
+                except torch.OutOfMemoryError:
+                    if not state.microbatch_auto or world.sharded:   # (sharded: every rank must run the same forwards)
+                        raise
+                    self._eval_micro = halved(n, n)
+                    print(f"hasten: evaluation ran out of memory; batches of {self._eval_micro} from now on",
+                          file=sys.stderr, flush=True)
+                    pieces[:0] = split_batch(piece, micro_count(n, self._eval_micro, 1))
+                    continue
+                loss_sum += piece_loss
+                count += piece_count
         results = {}
         total_loss, count = float(loss_sum), int(count)
         if world.size > 1:   # metrics synchronise themselves in compute() (torchmetrics)
@@ -668,6 +673,28 @@ class Trainer:
         if was_training:
             state.model.train()
         return results
+
+    def _evaluate_batch(self, batch, metrics: dict, run) -> tuple:
+        """One evaluation batch: forward, loss, metrics; returns (loss sum, counted targets). A
+        batch that runs out of memory before its metrics are updated has changed nothing, so
+        microbatch='auto' can split it and evaluate the halves."""
+        state = self.state
+        state.batch = batch
+        run(EVAL_BATCH_START)
+        inputs, targets = self.batch_fn(state.batch)
+        loss_sum, count = 0.0, 0
+        with self.runtime.autocast():
+            outputs = forward(state.forward_model, inputs)
+            state.outputs = outputs
+            if targets is not None:
+                loss = checked_loss(state.loss_fn, outputs, targets)
+                loss_sum, count = loss.double().sum(), counted(loss, targets)
+        if targets is not None and metrics:
+            logits = logits_of(outputs)
+            for m in metrics.values():
+                m.update(logits.float() if logits.is_floating_point() else logits, targets)
+        run(EVAL_BATCH_END)
+        return loss_sum, count
 
     @torch.inference_mode()
     def predict(self, dataloader: Iterable) -> list:

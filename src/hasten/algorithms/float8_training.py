@@ -61,7 +61,36 @@ def convert_to_float8(model: nn.Module, min_elements: int = 1 << 20, recipe: str
         config = Float8LinearConfig(**{**config.__dict__, "enable_fsdp_float8_all_gather": True})
     names = set(chosen)
     convert_to_float8_training(model, config=config, module_filter_fn=lambda m, fqn: fqn in names)
+    cpu_autocast = _cpu_autocast_class()
+    for name in chosen:
+        model.get_submodule(name).__class__ = cpu_autocast
     return chosen
+
+
+_CPU_AUTOCAST_CLASS = None
+
+
+def _cpu_autocast_class() -> type:
+    """torchao's Float8Linear with CPU autocast handled: torchao casts the input to the
+    autocast dtype for CUDA only, and under CPU autocast the float8 operands of its product
+    were cast again by autocast (`aten.to.dtype`, which its float8 tensors refuse). Here the
+    input is cast to CPU autocast's dtype and the layer runs with CPU autocast off, as torchao
+    does on a GPU."""
+    global _CPU_AUTOCAST_CLASS
+    if _CPU_AUTOCAST_CLASS is None:
+        import torch
+        from torchao.float8.float8_linear import Float8Linear   # optional extra: compress (torchao)
+
+        class Float8LinearCPUAutocast(Float8Linear):
+            def forward(self, input):
+                if input.device.type == "cpu" and torch.is_autocast_enabled("cpu"):
+                    dtype = torch.get_autocast_dtype("cpu")
+                    with torch.autocast("cpu", enabled=False):
+                        return super().forward(input.to(dtype))
+                return super().forward(input)
+
+        _CPU_AUTOCAST_CLASS = Float8LinearCPUAutocast
+    return _CPU_AUTOCAST_CLASS
 
 
 @register_algorithm("float8_training")

@@ -26,9 +26,11 @@ incumbent's median (otherwise the simpler setting stays).
 Quality guard: an option that changes the arithmetic (precision, compilation) must keep the
 training loss over the first steps within a tolerance of the recipe's own arithmetic: the
 mean loss over the last half of `guard_steps` steps, against the spread of two reference
-runs (seeds 0 and 1) of the recipe's precision: |tuned - reference mean| <= max(3 x the
-reference spread, 2% of the reference). An option that fails is reported and excluded, and
-the search goes on without it.
+runs (seeds 0 and 1) in fp32, uncompiled: |tuned - reference mean| <= max(3 x the reference
+spread, 2% of the reference). An option that fails is reported and excluded. The guard's
+runs are budgeted before the stages spend the rest; an option it could not check (the budget
+ran short, a guard run failed) is excluded too: nothing that changes the arithmetic is handed
+over unchecked.
 
 Output (`--out`, default tune-results/RECIPE): `tune.md` (the table and the one-line
 summary), `tune.json`, `tune.png` (throughput per option with intervals), `tuned.yaml` (the
@@ -236,7 +238,9 @@ class Tuner:
                         decisions[name] = options[0].label
                     continue
                 need = len(options) * self.rounds * self.trial_cost()
-                if need > self.left_s():
+                # the quality guard's runs are kept out of what the stages may spend
+                reserve = self._guard_cost() if any(n in GUARDED for n, _, _ in plan) else 0.0
+                if need > self.left_s() - reserve:
                     skipped.append({"stage": name, "why": f"the budget left ({self.left_s():.0f} s) is less than the "
                                                           f"stage needs (about {need:.0f} s)"})
                     progress.advance(task, len(options) * self.rounds)
@@ -287,9 +291,10 @@ class Tuner:
                                               for r in table)]
         if not changed:
             return {"checked": False, "why": "no option that changes the arithmetic was chosen"}
-        cost = 3 * self.trial_cost() * max(1.0, self.guard_steps / 30)
-        if cost > self.left_s():
-            return {"checked": False, "why": f"not enough budget left for {self.guard_steps} guard steps"}
+        if self._guard_cost() > self.left_s():
+            why = f"not enough budget left for {self.guard_steps} guard steps"
+            self._exclude(changed, fixed, decisions, table, "excluded: the quality guard could not check it")
+            return {"checked": False, "why": why, "excluded": changed}
         progress.update(task, description="quality guard")
         ref_over = [o for o in fixed if not any(o.startswith(k) for k in ("trainer.precision=", "trainer.compile="))]
         ref_over += ["trainer.precision=fp32", "trainer.compile=false"]   # the fp32 reference, uncompiled
@@ -305,7 +310,9 @@ class Tuner:
         ref_vals = [tail_mean(r) for r in refs if r.get("status") == "ok"]
         tuned_val = tail_mean(tuned) if tuned.get("status") == "ok" else None
         if len(ref_vals) < 2 or tuned_val is None:
-            return {"checked": False, "why": "a guard run failed", "runs": [r.get("reason") for r in refs + [tuned]]}
+            self._exclude(changed, fixed, decisions, table, "excluded: the quality guard could not check it")
+            return {"checked": False, "why": "a guard run failed", "runs": [r.get("reason") for r in refs + [tuned]],
+                    "excluded": changed}
         ref = sum(ref_vals) / 2
         spread = abs(ref_vals[0] - ref_vals[1])
         tol = max(3 * spread, 0.02 * abs(ref))
@@ -313,11 +320,24 @@ class Tuner:
         out = {"checked": True, "passed": ok, "options": changed, "steps": self.guard_steps, "reference": ref_vals,
                "tuned": tuned_val, "tolerance": tol}
         if not ok:   # the arithmetic-changing options go back to the recipe's own
-            for s in changed:
-                fixed[:] = [o for o in fixed if not o.startswith("trainer.precision=" if s == "precision"
-                                                                  else "trainer.compile=")]
-                decisions[s] = f"excluded by the quality guard (was {decisions[s]})"
+            self._exclude(changed, fixed, decisions, table, "excluded by the quality guard")
         return out
+
+    def _guard_cost(self) -> float:
+        """Seconds the quality guard's three runs are expected to take."""
+        return 3 * self.trial_cost() * max(1.0, self.guard_steps / 30)
+
+    @staticmethod
+    def _exclude(stages: list[str], fixed: list[str], decisions: dict, table: list[dict], why: str) -> None:
+        """Winners that change the arithmetic go back to the recipe's own settings: one the
+        guard rejected, or one it could not check (never handed over unverified)."""
+        for s in stages:
+            fixed[:] = [o for o in fixed if not o.startswith("trainer.precision=" if s == "precision"
+                                                              else "trainer.compile=")]
+            decisions[s] = f"{why} (was {decisions[s]})"
+            for row in table:
+                if row["stage"] == s and row["chosen"]:
+                    row["chosen"], row["miss"] = False, f"{why}; the recipe's own setting kept"
 
 
 def _default(stage: str, recipe: Recipe) -> str:
@@ -355,7 +375,8 @@ def render(result: dict) -> str:
     lines += ["", "Quality guard: " + (
         f"{'passed' if g['passed'] else 'FAILED (excluded)'} for {', '.join(g['options'])}: mean training loss over "
         f"the last half of {g['steps']} steps {g['tuned']:.4f} against the reference's {g['reference'][0]:.4f} and "
-        f"{g['reference'][1]:.4f} (tolerance {g['tolerance']:.4f})" if g.get("checked") else f"not run: {g['why']}")]
+        f"{g['reference'][1]:.4f} (tolerance {g['tolerance']:.4f})" if g.get("checked") else f"not run: {g['why']}" + (
+        f"; {', '.join(g['excluded'])} kept as the recipe has it (never handed over unchecked)" if g.get("excluded") else ""))]
     lines += ["", f"Tuned overrides: `{' '.join(result['tuned_overrides']) or '(none: the recipe as written)'}`", "",
               summary(result)]
     return "\n".join(lines) + "\n"
