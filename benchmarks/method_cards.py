@@ -23,6 +23,7 @@ INDEX = CARDS / "README.md"
 PROXIES = [("cards-vision-proxy", "cifar10-narrow, 10 epochs"),
            ("cards-resnet9-proxy", "ResNet-9 (width 12), 5 epochs"),
            ("cards-lm-proxy-amx-bf16", "char GPT, 500 iterations, bf16-mixed"),
+           ("cards-float8-lm-proxy", "char GPT, 500 iterations, bf16-mixed (float8 emulated)"),
            ("cards-lm-proxy", "char GPT, 500 iterations"),
            ("cifar10-data-pruning", "cifar10-narrow, 40 epochs"),
            ("cifar10-fast", "cifar10-fast")]

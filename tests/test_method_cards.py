@@ -11,7 +11,7 @@ from hasten.algorithms import INSTRUMENTS, REGISTRY
 DOCS = Path(__file__).resolve().parents[1] / "docs" / "methods"
 # Cards whose effect has no measured table yet (issue: every method card measured). The list
 # only shrinks: a card listed here must still say so, and one with a table must leave it.
-PENDING: set[str] = {"float8_training"}   # measured on the char GPT next (benchmarks queue)
+PENDING: set[str] = set()
 METHODS = sorted(set(REGISTRY) - INSTRUMENTS)
 _TABLE = re.compile(r"^\|.*\|\s*\n\|[-| :]+\|\s*$", re.M)
 
