@@ -115,6 +115,23 @@ class Clock:
         self.out.flush()
 
 
+def clock_points(clock: Clock, due, model=None):
+    """A hasten callback that starts `clock` with the fit and scores the model at every batch
+    for which `due(batch)` holds (`model`: what to score, default the state's model)."""
+    from hasten.core import Callback
+
+    class ClockPoints(Callback):
+        def fit_start(self, state, logger):
+            clock.start()
+
+        def batch_end(self, state, logger):
+            ts = state.timestamp
+            if due(ts.batch):
+                clock.point(model if model is not None else state.model, ts.batch, ts.sample, ts.token)
+
+    return ClockPoints()
+
+
 # ---------------------------------------------------------------------------- gpt
 def gpt_data():
     from hasten.data.corpus import tokenized_corpus
@@ -214,7 +231,6 @@ def run_gpt(arm: str, seed: int, out, steps: int, fast_steps: int, every: int):
     # hasten's Trainer, from the recipes, with the HF model
     from hasten.build import build_run
     from hasten.config import load_recipe
-    from hasten.core import Callback
     recipe_name = "prose-gpt-fast" if arm == "hasten-fast" else "prose-gpt-baseline"
     n_steps = fast_steps if arm == "hasten-fast" else steps
     model_section = "{name: hf/gpt2, " + ", ".join(f"{k}: {v}" for k, v in GPT.items()) + "}"
@@ -228,16 +244,7 @@ def run_gpt(arm: str, seed: int, out, steps: int, fast_steps: int, every: int):
     extra["recipe"] = recipe_name
     extra["overrides"] = overrides[:3]
 
-    class Points(Callback):
-        def fit_start(self, state, logger):
-            clock.start()
-
-        def batch_end(self, state, logger):
-            b = state.timestamp.batch
-            if b % every == 0 or b == n_steps:
-                clock.point(inner, b, state.timestamp.sample, state.timestamp.token)
-
-    run.trainer.add_callbacks(Points())
+    run.trainer.add_callbacks(clock_points(clock, lambda b: b % every == 0 or b == n_steps, inner))
     run.trainer.fit(summary=False)
     run.close()
     ts = run.trainer.state.timestamp
@@ -343,24 +350,15 @@ def run_cifar(arm: str, seed: int, out, epochs: int, every: int, data_path: str 
         trainer.fit(Module(), loader)
         clock.final(trainer.global_step, trainer.global_step * CIFAR_BATCH, 0, extra)
         return
-    from hasten.core import Callback
     if arm == "hasten":   # the Lightning arm's network, pipeline and training in hasten's Trainer
         from hasten import Trainer
         net = cifar_net(seed)
         loader = cifar_pipeline(data, seed)
         steps_per_epoch = len(loader)
-
-        class Points(Callback):
-            def fit_start(self, state, logger):
-                clock.start()
-
-            def batch_end(self, state, logger):
-                if state.timestamp.batch % (every * steps_per_epoch) == 0:
-                    clock.point(state.model, state.timestamp.batch, state.timestamp.sample)
-
+        points = clock_points(clock, lambda b: b % (every * steps_per_epoch) == 0)
         opt, sched = cifar_optimizer(net, steps_per_epoch, epochs)
         trainer = Trainer(net, loader, optimizers=opt, schedulers=sched, max_duration=f"{epochs}ep", seed=seed,
-                          precision=precision, callbacks=[Points()], host_allocator="auto")
+                          precision=precision, callbacks=[points], host_allocator="auto")
         trainer.fit(summary=False)
         ts = trainer.state.timestamp
         clock.final(ts.batch, ts.sample, 0, extra)
@@ -376,16 +374,7 @@ def run_cifar(arm: str, seed: int, out, epochs: int, every: int, data_path: str 
         overrides.append(f"data.path={data_path}")
     run = build_run(load_recipe("cifar10-narrow", overrides), progress_bar=False, console_logger=False)
     steps_per_epoch = len(run.trainer.state.train_dataloader)
-
-    class Points(Callback):
-        def fit_start(self, state, logger):
-            clock.start()
-
-        def batch_end(self, state, logger):
-            if state.timestamp.batch % (every * steps_per_epoch) == 0:
-                clock.point(state.model, state.timestamp.batch, state.timestamp.sample)
-
-    run.trainer.add_callbacks(Points())
+    run.trainer.add_callbacks(clock_points(clock, lambda b: b % (every * steps_per_epoch) == 0))
     run.trainer.fit(summary=False)
     run.close()
     ts = run.trainer.state.timestamp
