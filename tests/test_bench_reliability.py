@@ -127,3 +127,23 @@ def test_failed_runs_are_listed_with_their_error_and_the_exit_is_non_zero(tmp_pa
     assert [f["seed"] for f in res["failed"]] == [0]
     assert "missing.txt" in res["failed"][0]["error"]
     assert "## Failed runs" in (tmp_path / "f" / "report.md").read_text()
+
+
+def test_keep_checkpoints_leaves_each_runs_final_checkpoint_where_load_path_reads_it(tmp_path, capsys):
+    keep = tmp_path / "kept"
+    code = main(["bench", str(TINY), "--target", "val/loss<=99", "--seeds", "1", "--out", str(tmp_path),
+                 "--name", "k", "--keep-checkpoints", str(keep)])
+    assert code == 0
+    run = json.loads((tmp_path / "k" / "runs.jsonl").read_text().splitlines()[0])
+    folder = keep / "tiny_lm-seed0"
+    assert run["run_dir"] == str(folder.resolve())
+    # the final checkpoint alone (not one per evaluation), at the run's last batch
+    assert sorted(p.name for p in (folder / "checkpoints").glob("*.pt")) == [f"ep0-ba{run['final']['batch']}.pt"]
+    # the kept run is a starting point for another run, as a run folder of hasten train is
+    code = main(["train", str(TINY), "trainer.max_duration=1ba", f"trainer.load_path={folder}", "trainer.load_mode=weights",
+                 f"trainer.run_dir={tmp_path / 'next'}", "--no-progress", "trainer.tensorboard=false"])
+    assert code == 0
+    # without the option a bench writes no checkpoint at all
+    assert main(["bench", str(TINY), "--target", "val/loss<=99", "--seeds", "1", "--out", str(tmp_path),
+                 "--name", "n"]) == 0
+    assert not list((tmp_path / "n").rglob("*.pt"))

@@ -34,6 +34,7 @@ from .core import Time, TimeUnit
 from .core.algorithm import parallel_refusal_message
 from .distributed.world import leave_worker
 from .errors import ConfigError, HastenError
+from .files import ensure_writable_dir
 from .runs import resume_recipe
 from .tasks import TASKS
 from .tune import render as render_tune
@@ -226,6 +227,15 @@ def _check_bench_input(args, specs: list) -> list:
     return recipes
 
 
+def _keep_dir(args) -> "Path | None":
+    """--keep-checkpoints DIR, made and checked writable before the first run."""
+    if not args.keep_checkpoints:
+        return None
+    keep = Path(args.keep_checkpoints)
+    ensure_writable_dir(keep, "--keep-checkpoints")
+    return keep.resolve()
+
+
 def _cmd_bench(args) -> int:
 
 
@@ -266,7 +276,7 @@ def _cmd_bench(args) -> int:
             check_earlier_runs(specs, seeds, out_dir, args.cap, console)   # refused before anything is said or run
             console.print(f"bench: {len(specs)} recipe(s) x {len(seeds)} seed(s), interleaved; target {target}; "
                           f"results in {out_dir}")
-            runs = run_comparison(specs, seeds, out_dir, args.cap, console, metric=target.metric)
+            runs = run_comparison(specs, seeds, out_dir, args.cap, console, metric=target.metric, keep=_keep_dir(args))
             write_report(runs, [s.label for s in specs], target, out_dir, args.title or "hasten bench", command)
             print((out_dir / "report.md").read_text())
             console.print(f"report: {out_dir / 'report.md'} (JSON: report.json, plot: report.png, runs: runs.jsonl)")
@@ -368,7 +378,8 @@ def _bench_ladder(args, steps, specs_text, target, seeds, command, console):
     check_earlier_runs([s for _, s in steps], seeds, out_dir, args.cap, console)
     console.print(f"ladder: {len(steps)} rows ({', '.join(n for n, _ in steps)}), {len(seeds)} seed(s) each, "
                   f"cap {args.cap or 'none'} s per run; results in {out_dir}")
-    runs = run_comparison([s for _, s in steps], seeds, out_dir, args.cap, console, metric=target.metric)
+    runs = run_comparison([s for _, s in steps], seeds, out_dir, args.cap, console, metric=target.metric,
+                          keep=_keep_dir(args))
     tgt = resolve_target(target, runs, "baseline")
     md, rows = ladder_markdown(runs, steps, tgt, f"Ladder: {specs_text[0]} to {args.ladder}", command)
     png = ladder_plot(rows, out_dir / "ladder.png")
@@ -423,6 +434,8 @@ def make_parser() -> argparse.ArgumentParser:
                    "data-parallel in N processes on this machine (under torchrun; default 1); several sizes, "
                    "e.g. 1,2, run every recipe at each, side by side")
     b.add_argument("--order", help="ladder step order, comma-separated step names")
+    b.add_argument("--keep-checkpoints", metavar="DIR", help="keep each run's final checkpoint, in DIR/LABEL-seedN "
+                   "(a run folder that trainer.load_path reads, e.g. to fine-tune both sides); default: none written")
     b.set_defaults(func=_cmd_bench)
     c = sub.add_parser("compress", help="prune and quantize a trained run; write an artifact and a report",
                        description="Rebuild a run's model from its recipe, load its last checkpoint (or the one "

@@ -157,10 +157,12 @@ def _last_error(log: Path) -> str | None:
     return (errors or lines or [None])[-1]
 
 
-def run_one(spec: Spec, seed: int, out_dir: Path, cap_s: float | None = None) -> dict:
+def run_one(spec: Spec, seed: int, out_dir: Path, cap_s: float | None = None, keep: Path | None = None) -> dict:
     """Train one (spec, seed) in a fresh process; returns its record. A KeyboardInterrupt
     while it runs stops the worker and comes back as a record with status 'interrupted'
-    and the `interrupt` key set."""
+    and the `interrupt` key set. With `keep`, the run's folder is `keep/LABEL-seedN` and
+    its final checkpoint stays there (what `trainer.load_path` reads); otherwise nothing is
+    written but the record and the log."""
     logs = out_dir / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     safe = re.sub(r"[^\w.-]+", "_", spec.label)
@@ -173,8 +175,9 @@ def run_one(spec: Spec, seed: int, out_dir: Path, cap_s: float | None = None) ->
     interrupted = False
     with tempfile.TemporaryDirectory(prefix="hasten-bench-") as run_dir:
         spec_file = Path(run_dir) / "spec.json"
+        kept = keep / f"{safe}-seed{seed}" if keep is not None else None
         spec_file.write_text(json.dumps({"recipe": spec.recipe, "overrides": spec.overrides, "seed": seed,
-                                         "run_dir": str(Path(run_dir) / "run")}))
+                                         "run_dir": str(kept or Path(run_dir) / "run"), "keep": kept is not None}))
         t0 = time.perf_counter()
         with open(log_path, "w") as log:
             launch = ([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={spec.nproc}"]
@@ -204,6 +207,8 @@ def run_one(spec: Spec, seed: int, out_dir: Path, cap_s: float | None = None) ->
         record["error"] = _last_error(log_path)
     if interrupted:
         record["interrupt"] = True
+    if kept is not None and status == "finished":
+        record["run_dir"] = str(kept)
     return record
 
 
@@ -271,9 +276,10 @@ def check_earlier_runs(specs: list[Spec], seeds: list[int], out_dir: Path, cap_s
 
 
 def run_comparison(specs: list[Spec], seeds: list[int], out_dir: Path, cap_s: float | None = None,
-                   console: Console | None = None, metric: str | None = None) -> list[dict]:
+                   console: Console | None = None, metric: str | None = None, keep: Path | None = None) -> list[dict]:
     """Run every spec for every seed, interleaved, skipping runs that runs.jsonl already
-    holds as finished or capped. Raises BenchInterrupted (after recording the stopped run
+    holds as finished or capped; with `keep`, each run's final checkpoint stays in its own
+    folder under it (run_one). Raises BenchInterrupted (after recording the stopped run
     as interrupted) when a KeyboardInterrupt arrives, and a ConfigError after the first
     evaluation of a run that does not log `metric` (the target's)."""
     console = console or Console(stderr=True)
@@ -289,7 +295,7 @@ def run_comparison(specs: list[Spec], seeds: list[int], out_dir: Path, cap_s: fl
         task = progress.add_task("", total=len(todo))
         for i, (spec, seed) in enumerate(todo):
             progress.update(task, description=f"{spec.label} seed {seed}")
-            record = run_one(spec, seed, out_dir, cap_s)
+            record = run_one(spec, seed, out_dir, cap_s, keep)
             record["identity"] = identity[spec.label]
             with open(runs_file, "a") as f:
                 f.write(json.dumps(record) + "\n")

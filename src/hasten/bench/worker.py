@@ -96,7 +96,9 @@ def main(spec_path: str, out_path: str) -> int:
         spec = json.load(f)
     overrides = list(spec.get("overrides", [])) + [
         f"trainer.seed={spec['seed']}", f"trainer.run_dir={spec['run_dir']}", "trainer.progress_bar=false",
-        "trainer.tensorboard=false", "trainer.checkpoints=false"]
+        "trainer.tensorboard=false"]
+    # --keep-checkpoints: the final checkpoint only (written after the clock stops); otherwise none
+    overrides += ["trainer.save_interval=1dur", "trainer.keep_last=1"] if spec.get("keep") else ["trainer.checkpoints=false"]
     t0 = time.perf_counter()
     recipe = load_recipe(spec["recipe"], overrides)
     main_rank = int(os.environ.get("RANK", "0")) == 0   # under torchrun (bench --nproc) rank 0 alone records
