@@ -8,6 +8,7 @@ step and loss seams), and everything that watches happens in a Callback.
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import sys
 import time
@@ -246,6 +247,8 @@ class Trainer:
                             and train_loss is default_loss and self.world.size == 1)
         # otherwise the step's per-target losses are divided by its counted targets (reduce_loss)
         self._count_targets = not self._fused_mean
+        # what the step calls for its loss (checked: a failing or non-tensor loss is a one-line error)
+        self._step_loss = functools.partial(default_loss, reduction="mean") if self._fused_mean else train_loss
         self._autocast_ctx = self.runtime.autocast()   # one context for every step (fp32: a shared no-op)
         self._share = RankShare(loader, self.world) if self.world.size > 1 else None
         self._progress_schedules = [s for s in state.schedulers if hasattr(s, "apply")]
@@ -316,6 +319,7 @@ class Trainer:
         a loss of another shape is weighted by the rank's share (`RankShare.rank_scale`), so that
         DDP's gradient average is the global mean either way."""
         fire, on, autocast, batch_fn = self.engine.run, self.engine.active, self._autocast_ctx, self.batch_fn
+        step_loss = self._step_loss   # the default loss's mean inside the kernel when nobody reads per-sample losses
         batch, grad_sync, by_size = state.batch, self._grad_sync, state.microbatch is not None
         k = state.grad_accum if not by_size else micro_count(batch_size(batch), state.microbatch, 1)
         scale = self._share.rank_scale if self._share is not None else 1.0
@@ -339,7 +343,7 @@ class Trainer:
             if AFTER_FORWARD in on: fire(AFTER_FORWARD)                                # noqa: E701
             if BEFORE_LOSS in on: fire(BEFORE_LOSS)                                    # noqa: E701
             with autocast, budget:
-                state.loss = self._training_loss(state.outputs, targets)
+                state.loss = checked_loss(step_loss, state.outputs, targets)   # the task's loss, as algorithms wrapped it
             state.loss_count = state.loss.numel()
             if not counted_yet and state.loss.dim():   # per-element losses: count the step's targets, once,
                 state.loss_weight, counted_yet = self._loss_weight(micros), True   # before the first backward
@@ -446,11 +450,6 @@ class Trainer:
         """After a stop: the epoch is complete when its last batch was the stopping point."""
         spe = self.state.steps_per_epoch
         return not self._stop.signalled and spe is not None and self.state.timestamp.batch_in_epoch >= spe
-
-    def _training_loss(self, outputs, targets) -> torch.Tensor:
-        """The training loss (the task's loss as algorithms wrapped it); the default loss's
-        mean inside the kernel when nobody reads per-sample losses."""
-        return checked_loss(_mean_loss if self._fused_mean else self.state.train_loss_fn, outputs, targets)
 
     def reduce_loss(self, loss: torch.Tensor) -> torch.Tensor:
         """The step's mean, this micro-batch's part of it.
@@ -759,8 +758,3 @@ def counted(loss: torch.Tensor, targets) -> "torch.Tensor | int":
             and not targets.is_floating_point() and not targets.is_complex()):
         return (targets != IGNORE_INDEX).sum()
     return loss.numel()
-
-
-def _mean_loss(outputs, targets):
-    """The default loss's mean, inside the kernel (when nobody reads per-sample losses)."""
-    return default_loss(outputs, targets, reduction="mean")
