@@ -233,7 +233,7 @@ def _keep_dir(args) -> "Path | None":
         return None
     keep = Path(args.keep_checkpoints)
     ensure_writable_dir(keep, "--keep-checkpoints")
-    return keep.resolve()
+    return keep
 
 
 def _cmd_bench(args) -> int:
