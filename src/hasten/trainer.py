@@ -117,7 +117,7 @@ class Trainer:
         self._stop = parts.stop
         self.state.evaluate = self._evaluate_for_algorithms if parts.eval_dataloader is not None else None
         self._on_cpu = self.device.type == "cpu"   # CPU batches need no move
-        self._fused_mean = self._count_targets = False
+        self._count_targets, self._step_loss = False, None   # set for each fit (_prepare_step)
         self._budget = parse_bytes(parts.step.memory_limit)   # trainer.memory_limit: activation bytes a micro-batch may save
         self._compiled = bool(parts.step.compile)
         self._warm_pending, self._graphs_after_warmup = False, None
@@ -243,12 +243,12 @@ class Trainer:
             train_loss = algo.wrap_loss(train_loss)
         state.train_loss_fn = train_loss
         # the default loss with nobody reading per-sample losses: the mean inside the loss kernel
-        self._fused_mean = (state.grad_accum == 1 and state.microbatch is None and Event.AFTER_LOSS not in self.engine.active
-                            and train_loss is default_loss and self.world.size == 1)
+        fused_mean = (state.grad_accum == 1 and state.microbatch is None and Event.AFTER_LOSS not in self.engine.active
+                      and train_loss is default_loss and self.world.size == 1)
         # otherwise the step's per-target losses are divided by its counted targets (reduce_loss)
-        self._count_targets = not self._fused_mean
+        self._count_targets = not fused_mean
         # what the step calls for its loss (checked: a failing or non-tensor loss is a one-line error)
-        self._step_loss = functools.partial(default_loss, reduction="mean") if self._fused_mean else train_loss
+        self._step_loss = functools.partial(default_loss, reduction="mean") if fused_mean else train_loss
         self._autocast_ctx = self.runtime.autocast()   # one context for every step (fp32: a shared no-op)
         self._share = RankShare(loader, self.world) if self.world.size > 1 else None
         self._progress_schedules = [s for s in state.schedulers if hasattr(s, "apply")]
@@ -647,7 +647,7 @@ class Trainer:
                     self._eval_micro = halved(n, n)
                     print(f"hasten: evaluation ran out of memory; batches of {self._eval_micro} from now on",
                           file=sys.stderr, flush=True)
-                    pieces[:0] = split_batch(piece, micro_count(n, self._eval_micro, 1))
+                    pieces.insert(0, piece)   # split above, now that it is larger than the size that fits
                     continue
                 loss_sum += piece_loss
                 count += piece_count
