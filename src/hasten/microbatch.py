@@ -22,6 +22,7 @@ how `auto` is tested, and a way to bound a CPU run's memory.
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import re
 
@@ -58,11 +59,14 @@ def check_microbatch(value) -> "int | str | None":
 
 class ActivationBudget:
     """A context in which the tensors saved for backward may hold at most `limit` bytes; one
-    more raises torch.OutOfMemoryError (trainer.memory_limit: out of memory on a CPU)."""
+    more raises torch.OutOfMemoryError (trainer.memory_limit: out of memory on a CPU).
+    `outer`, when given, is a context entered first and left last (the step's autocast), so
+    the step enters one context, not two."""
 
-    def __init__(self, limit: int):
+    def __init__(self, limit: int, outer=None):
         self.limit, self.used, self._seen = limit, 0, set()
         self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t)
+        self._outer = outer if outer is not None else contextlib.nullcontext()
 
     def _pack(self, t):
         # a tensor's own bytes, not its storage's: a micro-batch's input is a view into the
@@ -79,11 +83,13 @@ class ActivationBudget:
         return t
 
     def __enter__(self):
+        self._outer.__enter__()
         self._hooks.__enter__()
         return self
 
     def __exit__(self, *exc):
-        return self._hooks.__exit__(*exc)
+        self._hooks.__exit__(*exc)
+        return self._outer.__exit__(*exc)
 
 
 WHOLE_BATCH = 2**31 - 1   # microbatch='auto' before any retry: every batch in one micro-batch

@@ -7,7 +7,6 @@ step and loss seams), and everything that watches happens in a Callback.
 """
 from __future__ import annotations
 
-import contextlib
 import functools
 import math
 import sys
@@ -331,18 +330,18 @@ class Trainer:
             state.loss_weight, counted_yet = self._loss_weight(micros), True
         n_losses, limit = len(state.step_losses), self._budget
         for i, micro in enumerate(micros):
-            budget = ActivationBudget(limit) if limit else _NO_BUDGET   # what this micro-batch saves for backward
+            ctx = ActivationBudget(limit, autocast) if limit else autocast   # (the budget: what this micro-batch saves for backward)
             state.micro_batch, state.micro_batch_index = micro, i
             state.micro_batch_weight = batch_size(micro) / total * scale if total else scale
             if grad_sync is not None:
                 grad_sync(i == k - 1 and not redoable)                 # reduce across ranks on the last only
             if BEFORE_FORWARD in on: fire(BEFORE_FORWARD)                              # noqa: E701
             inputs, targets = batch_fn(state.micro_batch)
-            with autocast, budget:
+            with ctx:
                 state.outputs = forward(state.forward_model, inputs)
             if AFTER_FORWARD in on: fire(AFTER_FORWARD)                                # noqa: E701
             if BEFORE_LOSS in on: fire(BEFORE_LOSS)                                    # noqa: E701
-            with autocast, budget:
+            with ctx:
                 state.loss = checked_loss(step_loss, state.outputs, targets)   # the task's loss, as algorithms wrapped it
             state.loss_count = state.loss.numel()
             if not counted_yet and state.loss.dim():   # per-element losses: count the step's targets, once,
@@ -719,7 +718,6 @@ class Trainer:
         self.logger.close()
 
 
-_NO_BUDGET = contextlib.nullcontext()   # no trainer.memory_limit: nothing counts the saved activations
 
 
 def compiled_graphs() -> int:
