@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from hasten.bench.worker import machine as hasten_machine
+from hasten.bench.recording import machine as hasten_machine
 from hasten.provenance import code_version
 
 RESULTS = Path(__file__).parent / "results"

@@ -60,7 +60,7 @@ from common import RESULTS  # noqa: E402
 from hasten.bench.report import write_report  # noqa: E402
 from hasten.bench.runner import COUNTED, _read_worker_output, load_runs, outcome  # noqa: E402
 from hasten.bench.target import Target  # noqa: E402
-from hasten.bench.worker import machine  # noqa: E402
+from hasten.bench.recording import machine  # noqa: E402
 from hasten.hardware import cpu_flags  # noqa: E402
 from hasten.provenance import code_version  # noqa: E402
 

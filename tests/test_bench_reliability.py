@@ -139,6 +139,8 @@ def test_keep_checkpoints_leaves_each_runs_final_checkpoint_where_load_path_read
     assert run["run_dir"] == str(folder)
     # the final checkpoint alone (not one per evaluation), at the run's last batch
     assert sorted(p.name for p in (folder / "checkpoints").glob("*.pt")) == [f"ep0-ba{run['final']['batch']}.pt"]
+    # the worker runs as a script that the package itself never imported (else Python warns in every run's log)
+    assert "RuntimeWarning" not in (tmp_path / "k" / "logs" / "tiny_lm-seed0.log").read_text()
     # the kept run is a starting point for another run, as a run folder of hasten train is
     code = main(["train", str(TINY), "trainer.max_duration=1ba", f"trainer.load_path={folder}", "trainer.load_mode=weights",
                  f"trainer.run_dir={tmp_path / 'next'}", "--no-progress", "trainer.tensorboard=false"])
@@ -147,3 +149,14 @@ def test_keep_checkpoints_leaves_each_runs_final_checkpoint_where_load_path_read
     assert main(["bench", str(TINY), "--target", "val/loss<=99", "--seeds", "1", "--out", str(tmp_path),
                  "--name", "n"]) == 0
     assert not list((tmp_path / "n").rglob("*.pt"))
+
+
+def test_an_unusable_keep_checkpoints_folder_is_refused_before_the_bench_starts(tmp_path, capsys):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    code = main(["bench", str(TINY), "--target", "val/loss<=99", "--seeds", "1", "--out", str(tmp_path),
+                 "--name", "k", "--keep-checkpoints", str(blocker / "kept")])
+    err = capsys.readouterr().err
+    assert code != 0 and "--keep-checkpoints" in err
+    assert "results in" not in err                      # refused before the bench says it starts
+    assert not (tmp_path / "k" / "runs.jsonl").exists()  # and before any run

@@ -89,7 +89,7 @@ def test_timed_segments_end_with_the_device_work_done(monkeypatch):
     import time
     from dataclasses import dataclass
 
-    from hasten.bench.worker import BenchRecorder
+    from hasten.bench.recording import BenchRecorder
 
     clock = {"now": 0.0, "queued": 0.0, "syncs": []}
     monkeypatch.setattr(time, "perf_counter", lambda: clock["now"])

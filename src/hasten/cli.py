@@ -237,9 +237,6 @@ def _keep_dir(args) -> "Path | None":
 
 
 def _cmd_bench(args) -> int:
-
-
-
     console = Console(stderr=True, highlight=False, soft_wrap=True)
     specs_text = [a for a in args.items if "=" not in a.split("+", 1)[0]]
     shared = [a for a in args.items if a not in specs_text]
@@ -274,9 +271,10 @@ def _cmd_bench(args) -> int:
         else:
             out_dir = Path(args.out) / (args.name or "-vs-".join(Path(s.recipe).stem for s in specs))
             check_earlier_runs(specs, seeds, out_dir, args.cap, console)   # refused before anything is said or run
+            keep = _keep_dir(args)
             console.print(f"bench: {len(specs)} recipe(s) x {len(seeds)} seed(s), interleaved; target {target}; "
                           f"results in {out_dir}")
-            runs = run_comparison(specs, seeds, out_dir, args.cap, console, metric=target.metric, keep=_keep_dir(args))
+            runs = run_comparison(specs, seeds, out_dir, args.cap, console, metric=target.metric, keep=keep)
             write_report(runs, [s.label for s in specs], target, out_dir, args.title or "hasten bench", command)
             print((out_dir / "report.md").read_text())
             console.print(f"report: {out_dir / 'report.md'} (JSON: report.json, plot: report.png, runs: runs.jsonl)")
@@ -372,14 +370,13 @@ def _at_world_sizes(specs: list, counts: list[int]) -> list:
 
 
 def _bench_ladder(args, steps, specs_text, target, seeds, command, console):
-
     ends = [Path(Spec.parse(t).recipe).stem for t in (specs_text[0], args.ladder)]
     out_dir = Path(args.out) / (args.name or f"ladder-{ends[0]}-to-{ends[1]}")
     check_earlier_runs([s for _, s in steps], seeds, out_dir, args.cap, console)
+    keep = _keep_dir(args)
     console.print(f"ladder: {len(steps)} rows ({', '.join(n for n, _ in steps)}), {len(seeds)} seed(s) each, "
                   f"cap {args.cap or 'none'} s per run; results in {out_dir}")
-    runs = run_comparison([s for _, s in steps], seeds, out_dir, args.cap, console, metric=target.metric,
-                          keep=_keep_dir(args))
+    runs = run_comparison([s for _, s in steps], seeds, out_dir, args.cap, console, metric=target.metric, keep=keep)
     tgt = resolve_target(target, runs, "baseline")
     md, rows = ladder_markdown(runs, steps, tgt, f"Ladder: {specs_text[0]} to {args.ladder}", command)
     png = ladder_plot(rows, out_dir / "ladder.png")

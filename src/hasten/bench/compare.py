@@ -30,7 +30,7 @@ from ..errors import ConfigError
 from .report import write_report
 from .runner import COUNTED, _read_worker_output, load_runs, outcome
 from .target import Target
-from .worker import timed_fit
+from .recording import timed_fit
 
 
 def compare(arms: dict[str, Callable[[int], object]], seeds: int = 3, seed0: int = 0,
