@@ -7,7 +7,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-from hasten.bench.recording import machine as hasten_machine
+try:
+    from hasten.bench.recording import machine as hasten_machine
+except ImportError:   # an older checkout's src, measured side by side (trainer_instructions.py --src)
+    from hasten.bench.worker import machine as hasten_machine
 from hasten.provenance import code_version
 
 RESULTS = Path(__file__).parent / "results"
