@@ -21,19 +21,20 @@ def machine() -> dict:
     return {**hasten_machine(), "loadavg": os.getloadavg()[0] if hasattr(os, "getloadavg") else None}
 
 
-def git_commit() -> str | None:
+def git_commit(where: "Path | None" = None) -> str | None:
+    """The short commit of the checkout holding `where` (default: these benchmarks)."""
     try:
         return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                              cwd=Path(__file__).parent).stdout.strip() or None
+                              cwd=where or Path(__file__).parent).stdout.strip() or None
     except OSError:
         return None
 
 
-def git_dirty() -> bool | None:
+def git_dirty(where: "Path | None" = None) -> bool | None:
     """Whether tracked files differ from the commit (results then come from uncommitted code)."""
     try:
         r = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True,
-                           cwd=Path(__file__).parent)
+                           cwd=where or Path(__file__).parent)
     except OSError:
         return None
     return bool(r.stdout.strip()) if r.returncode == 0 else None

@@ -38,7 +38,6 @@ def child(loop: str, steps: int) -> None:
     import warnings
 
     import torch
-    from torch.utils.data import DataLoader, TensorDataset
 
     sys.path.insert(0, str(HERE))
     import trainer_overhead as T
@@ -48,17 +47,12 @@ def child(loop: str, steps: int) -> None:
     torch.set_num_threads(1)
     configure_host_allocator("auto", "cpu")
 
-    def loader(n):
-        g = torch.Generator().manual_seed(0)
-        return DataLoader(TensorDataset(torch.randn(n * 64, 32, generator=g),
-                                        torch.randint(0, 10, (n * 64,), generator=g)), batch_size=64)
-
     with tempfile.TemporaryDirectory() as d:
         for n in (20, steps):
             if loop == "plain":
-                T.plain(loader(n), n)
+                T.plain(T.make_loader(n), n)
             else:
-                T.hasten(loader(n), n, d, bare=loop != "hasten")
+                T.hasten(T.make_loader(n), n, d, bare=loop != "hasten")
 
 
 def count(src: Path, loop: str, steps: int) -> int:
@@ -100,13 +94,10 @@ def main() -> None:
         counts = dict(zip(jobs, pool.map(lambda j: count(*j), jobs)))
 
     sys.path.insert(0, str(HERE))
-    from common import write_results
+    from common import git_commit, git_dirty, write_results
 
     def version(src: Path) -> str:
-        r = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=src, capture_output=True, text=True)
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=src,
-                               capture_output=True, text=True).stdout.strip()
-        return (r.stdout.strip() or str(src)) + (" (uncommitted changes)" if dirty else "")
+        return (git_commit(src) or str(src)) + (" (uncommitted changes)" if git_dirty(src) else "")
 
     data, rows = {"steps": [a, b], "per_step": {}}, []
     for s in srcs:

@@ -43,6 +43,13 @@ def make_model(seed: int = 0) -> nn.Module:
     return nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 10))
 
 
+def make_loader(steps: int) -> DataLoader:
+    """`steps` batches of 64 random inputs (32 features) and class ids (10 classes), the same every call."""
+    g = torch.Generator().manual_seed(0)
+    return DataLoader(TensorDataset(torch.randn(steps * 64, 32, generator=g),
+                                    torch.randint(0, 10, (steps * 64,), generator=g)), batch_size=64)
+
+
 def plain(loader, steps):
     model = make_model()
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
@@ -137,9 +144,7 @@ def main():
     args = p.parse_args()
     torch.set_num_threads(1)
     warnings.filterwarnings("ignore")
-    g = torch.Generator().manual_seed(0)
-    ds = TensorDataset(torch.randn(args.steps * 64, 32, generator=g), torch.randint(0, 10, (args.steps * 64,), generator=g))
-    loader = DataLoader(ds, batch_size=64)
+    loader = make_loader(args.steps)
     runners = {"plain": lambda d: plain(loader, args.steps), "hasten": lambda d: hasten(loader, args.steps, d),
                "hasten (no bar, no logger)": lambda d: hasten(loader, args.steps, d, bare=True),
                "hasten (user loss)": lambda d: hasten(loader, args.steps, d, loss_fn=user_loss)}

@@ -718,8 +718,6 @@ class Trainer:
         self.logger.close()
 
 
-
-
 def compiled_graphs() -> int:
     """Graphs torch.compile has compiled in this process so far (dynamo's own counter)."""
     return int(torch._dynamo.utils.counters["stats"]["unique_graphs"])
