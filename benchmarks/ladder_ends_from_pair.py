@@ -41,16 +41,13 @@ def main(argv=None) -> int:
 
     last = [f"trainer.eval_interval={args.eval_every}"] if args.eval_every else []
     steps = ladder_specs(args.baseline, args.target, None, args.shared, last)
-    ends = {steps[0][1].label: Spec.parse(args.baseline, args.shared, last),
-            steps[-1][1].label: Spec.parse(args.target, args.shared, last)}
+    ends = [(steps[0][1], Spec.parse(args.baseline, args.shared, last)),   # (ladder row, the pair's spec)
+            (steps[-1][1], Spec.parse(args.target, args.shared, last))]
     runs = [r for r in load_runs(args.pair / "runs.jsonl") if r["seed"] == args.seed and r.get("status") == "finished"]
     out = args.ladder / "runs.jsonl"
-    have = {(r["label"], r["seed"]) for r in load_runs(out)} if out.exists() else set()
+    have = {(r["label"], r["seed"]) for r in load_runs(out)}   # (no file: none)
     copied = []
-    for ladder_spec in (s for _, s in steps):
-        if ladder_spec.label not in ends:
-            continue
-        pair_spec = ends[ladder_spec.label]
+    for ladder_spec, pair_spec in ends:
         found = [r for r in runs if r["label"] == pair_spec.label]
         if not found:
             sys.exit(f"{args.pair}: no finished run of {pair_spec.label} with seed {args.seed}")
