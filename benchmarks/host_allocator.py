@@ -13,7 +13,14 @@ hasten but the model definition. Workload: the speedrun network (widths 64/256/2
 channels-last, batch 1024, SGD with Nesterov momentum, bf16 autocast where the CPU has bf16
 hardware (fp32 elsewhere); the median time of the steps after two warm-up steps.
 
-    python benchmarks/host_allocator.py [--rounds 5] [--steps 10]
+`--workload hf-gpt` and `hf-gpt-hasten` time the Hugging Face Trainer instead, on the GPT-2
+of benchmarks/vs_trainers.py (4 layers of width 256, batch 16 x 256 tokens of the prose
+corpus, bf16 where the CPU has bf16 hardware): the plain `transformers.Trainer` with the fused
+AdamW, and `HastenTrainer` with hasten's Muon; the median of the optimizer steps after the
+first five (the HF Trainer's callbacks time them). What `HastenTrainer(host_allocator="auto")`
+and `HastenCallback(host_allocator="auto")` set is the fourth mode.
+
+    python benchmarks/host_allocator.py [--rounds 5] [--steps 10] [--workload speedrun|hf-gpt|hf-gpt-hasten]
 """
 from __future__ import annotations
 
@@ -35,6 +42,11 @@ MODES = {
                        "MALLOC_TOP_PAD_": str(256 * 2**20)},
 }
 MODES["hasten (four settings)"] = {**MODES["three settings"], "MALLOC_MMAP_MAX_": "0"}
+
+
+def peak_rss_mb() -> float:
+    import resource
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def child(steps: int, batch: int) -> None:
@@ -59,7 +71,43 @@ def child(steps: int, batch: int) -> None:
         opt.step()
         if i >= 2:
             times.append(time.perf_counter() - t0)
-    print(json.dumps({"step_s": statistics.median(times), "bf16": bf16}))
+    print(json.dumps({"step_s": statistics.median(times), "bf16": bf16, "peak_rss_mb": peak_rss_mb()}))
+
+
+def child_hf(steps: int, hasten_trainer: bool) -> None:
+    import tempfile
+
+    import transformers
+
+    import vs_trainers as V
+    train, _, vocab = V.gpt_data()
+    model = V.gpt_model(vocab, 0)
+    args = V.hf_arguments(tempfile.mkdtemp(prefix="hf-"), steps + 5, 0, fast=hasten_trainer)
+    times = []
+
+    class StepTimes(transformers.TrainerCallback):
+        def on_step_begin(self, a, state, control, **kw):
+            self.t0 = time.perf_counter()
+
+        def on_step_end(self, a, state, control, **kw):
+            times.append(time.perf_counter() - self.t0)
+
+    data = V.RandomWindowSet(train, (steps + 5) * V.BATCH, 0)
+    if hasten_trainer:
+        from hasten.integrations.hf import HastenTrainer, muon_optimizer
+        opt = muon_optimizer(model, muon_lr=0.03, adam_lr=6e-3, adam_betas=(0.9, 0.95), adam_weight_decay=0.1,
+                             precision="bf16-mixed" if args.bf16 else "fp32")
+        trainer = HastenTrainer(model=model, args=args, train_dataset=data, callbacks=[StepTimes()],
+                                optimizers=(opt, None))
+    else:
+        trainer = transformers.Trainer(model=model, args=args, train_dataset=data, callbacks=[StepTimes()])
+    trainer.train()
+    print(json.dumps({"step_s": statistics.median(times[5:]), "bf16": bool(args.bf16), "peak_rss_mb": peak_rss_mb()}))
+
+
+WORKLOADS = {"speedrun": "speedrun net (64/256/256), channels-last, batch {batch}",
+             "hf-gpt": "the HF Trainer (fused AdamW) on vs_trainers.py's GPT-2, batch 16 x 256 tokens",
+             "hf-gpt-hasten": "HastenTrainer with hasten's Muon on vs_trainers.py's GPT-2, batch 16 x 256 tokens"}
 
 
 def main() -> None:
@@ -67,33 +115,45 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--batch", type=int, default=1024)
+    ap.add_argument("--workload", choices=sorted(WORKLOADS), default="speedrun")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
-        child(args.steps, args.batch)
+        if args.workload == "speedrun":
+            child(args.steps, args.batch)
+        else:
+            child_hf(args.steps, args.workload == "hf-gpt-hasten")
         return
     from common import write_results
     base_env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
     results = {m: [] for m in MODES}
+    rss = {m: [] for m in MODES}
     bf16 = None
     for r in range(args.rounds):
         order = list(MODES) if r % 2 == 0 else list(MODES)[::-1]
         for mode in order:
-            out = subprocess.run([sys.executable, __file__, "--child", "--steps", str(args.steps), "--batch", str(args.batch)],
+            out = subprocess.run([sys.executable, __file__, "--child", "--steps", str(args.steps), "--batch", str(args.batch),
+                                  "--workload", args.workload],
                                  env={**base_env, **MODES[mode]}, capture_output=True, text=True, check=True)
             rec = json.loads(out.stdout.strip().splitlines()[-1])
             bf16 = rec["bf16"]
-            results[mode].append(args.batch / rec["step_s"])
-        print(f"round {r + 1}/{args.rounds}: " + ", ".join(f"{m} {v[-1]:.0f} img/s" for m, v in results.items()), flush=True)
+            rss[mode].append(rec["peak_rss_mb"])
+            results[mode].append((args.batch if args.workload == "speedrun" else 16) / rec["step_s"])
+        print(f"round {r + 1}/{args.rounds}: " + ", ".join(f"{m} {v[-1]:.1f} samples/s" for m, v in results.items()),
+              flush=True)
     base = statistics.median(results["glibc defaults"])
-    rows = [f"| {m} | {statistics.median(v):.0f} | {min(v):.0f}-{max(v):.0f} | {statistics.median(v) / base:.3f} |"
-            for m, v in results.items()]
-    md = ("# Host allocator settings and the speedrun network's training step\n\n"
-          f"Speedrun net (64/256/256), channels-last, batch {args.batch}, {'bf16 autocast' if bf16 else 'fp32'}; "
+    unit = "images/s" if args.workload == "speedrun" else "sequences/s"
+    rows = [f"| {m} | {statistics.median(v):.{0 if args.workload == 'speedrun' else 2}f} | "
+            f"{min(v):.{0 if args.workload == 'speedrun' else 2}f}-{max(v):.{0 if args.workload == 'speedrun' else 2}f} | "
+            f"{statistics.median(v) / base:.3f} | {max(rss[m]):.0f} |" for m, v in results.items()]
+    what = WORKLOADS[args.workload].format(batch=args.batch)
+    md = (f"# Host allocator settings and a CPU training step: {args.workload}\n\n"
+          f"{what[0].upper() + what[1:]}, {'bf16 autocast' if bf16 else 'fp32'}; "
           f"each mode in a fresh process, {args.rounds} interleaved rounds, median of {args.steps} steps a run.\n\n"
-          "| allocator | images/s (median) | min-max | vs glibc defaults |\n|---|---:|---|---:|\n" + "\n".join(rows))
-    write_results("host_allocator", {"images_per_s": results, "batch": args.batch, "bf16": bf16,
-                                     "modes": MODES}, md)
+          f"| allocator | {unit} (median) | min-max | vs glibc defaults | peak RSS MB (largest run) |\n|---|---:|---|---:|---:|\n" + "\n".join(rows))
+    name = "host_allocator" + ("" if args.workload == "speedrun" else f"-{args.workload}")
+    write_results(name, {"samples_per_s": results, "peak_rss_mb": rss, "workload": args.workload, "batch": args.batch, "bf16": bf16,
+                         "modes": MODES}, md)
     print(md)
 
 

@@ -57,6 +57,21 @@ PROBE = textwrap.dedent("""
         from hasten.build import recipe_runtime
         from hasten.config import load_recipe
         recipe_runtime(load_recipe("shakespeare-char-baseline", ["trainer.device=cpu"]))
+    elif mode in ("lightning", "lightning-auto"):   # HastenCallback's set-up, in a real Lightning fit
+        import torch, lightning as L
+        from torch.utils.data import DataLoader, TensorDataset
+        from hasten.integrations.lightning import HastenCallback
+        class M(L.LightningModule):
+            def __init__(self):
+                super().__init__()
+                self.net = torch.nn.Linear(2, 2)
+            def training_step(self, batch, i):
+                return self.net(batch[0]).sum()
+            def configure_optimizers(self):
+                return torch.optim.SGD(self.parameters(), lr=0.1)
+        cb = HastenCallback([], host_allocator="auto" if mode == "lightning-auto" else "default")
+        L.Trainer(max_steps=1, accelerator="cpu", logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                  enable_model_summary=False, callbacks=[cb]).fit(M(), DataLoader(TensorDataset(torch.ones(4, 2))))
     elif mode == "call":
         from hasten.allocator import tune_host_allocator
         print(tune_host_allocator().reason, file=sys.stderr)
@@ -94,6 +109,16 @@ def test_library_users_opt_in_and_the_command_line_tunes_by_default():
     assert _probe("trainer-auto")["mapped"] == 0
     assert _probe("runtime-auto")["mapped"] == 0
     assert _probe("recipe")["mapped"] == 0
+
+
+@needs_glibc
+def test_the_lightning_callback_tunes_only_when_asked():
+    """HastenCallback(host_allocator="auto") tunes the allocator at set-up, as hasten train
+    does; without it Lightning's process keeps glibc's defaults (HastenTrainer shares the
+    same set-up, hasten.integrations.host.HostLoop)."""
+    pytest.importorskip("lightning")
+    assert _probe("lightning")["mapped"] >= 1
+    assert _probe("lightning-auto")["mapped"] == 0
 
 
 @needs_glibc

@@ -76,6 +76,22 @@ def test_analysis_counts_misses_and_resolves_first_target(tmp_path):
     assert json.loads((tmp_path / "report.json").read_text())["metric"] == "val/acc"
 
 
+def test_one_machine_line_for_runs_that_differ_only_in_what_it_leaves_out(tmp_path):
+    """Arms that set the host allocator differently ran on one machine: the report says so
+    once, and a second CPU still gets its own line."""
+    runs = [_run("a", s, [(10, 0.9)]) for s in range(2)] + [_run("b", s, [(5, 0.9)]) for s in range(2)]
+    for r in runs[:2]:
+        r["final"]["machine"] = {"cpu": "x", "cores": 2, "host_allocator": "glibc default"}
+    for r in runs[2:]:
+        r["final"]["machine"] = {"cpu": "x", "cores": 2, "host_allocator": "tuned"}
+    R.write_report(runs, ["a", "b"], Target.parse("val/acc>=0.9"), tmp_path, "t")
+    assert (tmp_path / "report.md").read_text().count("Machine: x") == 1
+    runs[3]["final"]["machine"] = {"cpu": "y", "cores": 2}
+    R.write_report(runs, ["a", "b"], Target.parse("val/acc>=0.9"), tmp_path, "t")
+    md = (tmp_path / "report.md").read_text()
+    assert md.count("Machine: x") == 1 and md.count("Machine: y") == 1
+
+
 def test_first_worst_target_is_reached_by_every_first_run_and_misses_are_censored(tmp_path):
     runs = [_run("a", s, [(10, 0.85), (20, 0.90 + 0.01 * s)]) for s in range(3)]
     runs += [_run("b", s, [(5, 0.90 + 0.02 * s), (10, 0.92)]) for s in range(2)]

@@ -101,6 +101,21 @@ def test_every_registered_method_is_either_supported_in_a_host_or_refused_with_a
                                                                            report_to=[]), algorithms=[algo])
 
 
+def test_both_hosts_take_the_host_allocator_and_name_a_bad_mode(tmp_path, monkeypatch):
+    """The mode reaches the allocator at set-up (here recorded, not applied: the settings are
+    process-wide; tests/test_allocator.py checks their effect in fresh processes)."""
+    import hasten.integrations.host as host
+    calls = []
+    monkeypatch.setattr(host, "configure_host_allocator", lambda mode, device_type: calls.append((mode, device_type)))
+    assert HastenCallback([], host_allocator="auto").host.host_allocator == "auto"
+    HastenTrainer(model=_mlp(), args=_args(tmp_path, 1), train_dataset=TensorDataset(*_data()), host_allocator="auto")
+    assert calls == [("auto", "cpu")]
+    with pytest.raises(ValueError, match="Lightning: host_allocator='fast' is not a mode: use one of auto"):
+        HastenCallback([], host_allocator="fast")
+    with pytest.raises(ValueError, match="Hugging Face Trainer: host_allocator='fast'"):
+        HastenTrainer(model=_mlp(), args=_args(tmp_path, 1), host_allocator="fast")
+
+
 def test_a_loss_method_without_the_modules_loss_fn_is_refused_at_setup_with_the_fix():
     class NoLossFn(Module):
         def __init__(self, net):

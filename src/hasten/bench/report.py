@@ -143,7 +143,7 @@ def analyse(runs: list[dict], labels: list[str], target: Target) -> dict:
         rec["speedup_timed_duration"] = ratio_ci(base["timed"], p["timed"]) if base["timed"] and p["timed"] else None
         rec["metric_welch_vs_first"] = welch_t_test(p["finals"], base["finals"])
     machines = {json.dumps(r["final"]["machine"], sort_keys=True) for r in runs if r.get("final")}
-    out["machines"] = [json.loads(m) for m in machines]
+    out["machines"] = [json.loads(m) for m in sorted(machines)]
     codes = {json.dumps(r["final"].get("code"), sort_keys=True) for r in runs if r.get("final")}
     out["code"] = [json.loads(c) for c in sorted(codes)]
     return out
@@ -212,12 +212,16 @@ def markdown(analysis: dict, title: str, command: str | None = None) -> str:
                   + ", ".join(f"{i['label']} seed {i['seed']}" for i in analysis["interrupted"])]
     for code in analysis.get("code", []):
         lines += ["", f"Code: {describe_code(code)}"]
+    described = []   # one line per machine; records that differ only in what the line leaves out share it
     for mach in analysis.get("machines", []):
         feats = mach.get("cpu_features")
-        lines += ["", f"Machine: {mach.get('cpu')}" + (f" ({', '.join(feats) or 'no AVX2'})" if feats is not None else "")
-                  + f", {mach.get('cores')} cores, {mach.get('threads')} threads, "
-                  f"torch {mach.get('torch')}, hasten {mach.get('hasten')}"
-                  + (f", GPU {mach['cuda']}" if mach.get("cuda") else "")]
+        line = (f"Machine: {mach.get('cpu')}" + (f" ({', '.join(feats) or 'no AVX2'})" if feats is not None else "")
+                + f", {mach.get('cores')} cores, {mach.get('threads')} threads, "
+                f"torch {mach.get('torch')}, hasten {mach.get('hasten')}"
+                + (f", GPU {mach['cuda']}" if mach.get("cuda") else ""))
+        if line not in described:
+            described.append(line)
+            lines += ["", line]
     return "\n".join(lines) + "\n"
 
 

@@ -101,16 +101,18 @@ class _Events(transformers.TrainerCallback):
 
 class HastenTrainer(transformers.Trainer):
     """A `transformers.Trainer` that runs hasten Algorithms (`algorithms=`); every other
-    argument is the HF Trainer's. See the module doc for where each method acts."""
+    argument is the HF Trainer's. See the module doc for where each method acts.
+    `host_allocator="auto"` tunes glibc malloc when training on a CPU, as `hasten train` does
+    (process-wide, so off unless asked; hasten.allocator says what it sets)."""
 
-    def __init__(self, *args, algorithms: Sequence[Algorithm] = (), **kwargs):
+    def __init__(self, *args, algorithms: Sequence[Algorithm] = (), host_allocator: str = "default", **kwargs):
         targs = kwargs.get("args") if "args" in kwargs else (args[1] if len(args) > 1 else None)
         model = kwargs.get("model") if "model" in kwargs else (args[0] if args else None)
         if model is None:
             raise ValueError("HastenTrainer needs model= (model_init is not supported: hasten's model surgery "
                              "acts on the model once)")
         seed = targs.seed if targs is not None else 42
-        self.hasten = HostLoop(algorithms, HOST, seed=seed)
+        self.hasten = HostLoop(algorithms, HOST, seed=seed, host_allocator=host_allocator)
         precision = ("bf16-mixed" if targs is not None and targs.bf16 else
                      "fp16-mixed" if targs is not None and targs.fp16 else "fp32")
         device = targs.device if targs is not None else "cpu"

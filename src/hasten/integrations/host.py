@@ -21,6 +21,11 @@ seam (SAM, selective backprop, proxy selection run their own forward and backwar
 the per-sample losses before reduction (InfoBatch), the per-micro-batch events, the
 evaluation forward (TTA), the training data at set-up (patch whitening fits on it), and a
 loss that never forms logits (chunked cross-entropy).
+
+Beside the algorithms, a host loop can set one of hasten's systems settings the host does not
+have: the host allocator (`host_allocator="auto"` tunes glibc malloc for CPU training, as
+`hasten train` does; see hasten.allocator). It is process-wide, so it is asked for, never the
+default.
 """
 from __future__ import annotations
 
@@ -30,6 +35,7 @@ from typing import Any, Callable, Sequence
 import torch
 
 from .. import algorithms
+from ..allocator import MODES as ALLOCATOR_MODES, configure_host_allocator
 from ..core import Algorithm, Engine, Event, State, Time
 from ..data.batches import batch_size, inputs_targets
 from ..loggers.base import LogHub
@@ -81,14 +87,18 @@ class HostLoop:
     """A hasten State and Engine driven by another trainer's hooks. The host adapter calls
     the methods below from its own hooks, in its loop's order."""
 
-    def __init__(self, algorithms: Sequence[Algorithm], host: str, seed: int = 0):
+    def __init__(self, algorithms: Sequence[Algorithm], host: str, seed: int = 0, host_allocator: str = "default"):
+        if host_allocator not in ALLOCATOR_MODES:
+            raise ValueError(f"{host}: host_allocator={host_allocator!r} is not a mode: use one of "
+                             f"{', '.join(ALLOCATOR_MODES)} ('auto' tunes glibc malloc when training on a CPU)")
         for a in algorithms:
             if not isinstance(a, Algorithm):
                 raise TypeError(f"{host}: {a!r} is not a hasten Algorithm (hasten.algorithms has them)")
         refused = refusals_message(algorithms, host)
         if refused:
             raise ValueError(refused)
-        self.host, self.seed = host, seed
+        self.host, self.seed, self.host_allocator = host, seed, host_allocator
+        self.allocator_report = None   # what configure_host_allocator did at set-up, if anything
         self.algorithms = list(algorithms)
         self.state: State | None = None
         self.engine: Engine | None = None
@@ -98,7 +108,9 @@ class HostLoop:
     # ------------------------------------------------------------------ set-up
     def setup(self, model: torch.nn.Module, device: "torch.device | str" = "cpu", precision: str = "fp32",
               evaluate: Callable[[], dict] | None = None, quality: tuple = ("val/loss", "min")) -> None:
-        """Before the host builds its optimizers: make the State and fire INIT (model surgery)."""
+        """Before the host builds its optimizers: tune the host allocator if asked, make the
+        State and fire INIT (model surgery)."""
+        self.allocator_report = configure_host_allocator(self.host_allocator, torch.device(device).type)
         runtime = Runtime.of(device=torch.device(device), precision=precision, seed=self.seed)
         self.state = State(model=model, max_duration=Time(1, "ba"), runtime=runtime, algorithms=self.algorithms,
                            batch_fn=inputs_targets, autocast=runtime.autocast, evaluate=evaluate, quality=quality)

@@ -61,10 +61,12 @@ class _SeamLoss:
 
 class HastenCallback(pl.Callback):
     """Runs hasten Algorithms in a `lightning.Trainer` (see the module doc for where each acts).
-    `seed` feeds the methods' own random draws (MixUp's mixing, CutOut's squares)."""
+    `seed` feeds the methods' own random draws (MixUp's mixing, CutOut's squares).
+    `host_allocator="auto"` tunes glibc malloc at `setup` when training on a CPU, as `hasten
+    train` does (process-wide, so off unless asked; hasten.allocator says what it sets)."""
 
-    def __init__(self, algorithms: Sequence[Algorithm], seed: int = 0):
-        self.host = HostLoop(algorithms, HOST, seed=seed)   # refuses what cannot run here, now
+    def __init__(self, algorithms: Sequence[Algorithm] = (), seed: int = 0, host_allocator: str = "default"):
+        self.host = HostLoop(algorithms, HOST, seed=seed, host_allocator=host_allocator)   # refuses what cannot run here, now
         self._base_loss = None
         self._last_step = 0
         self._stepped_batch = None
