@@ -71,7 +71,7 @@ def child(steps: int, batch: int) -> None:
         opt.step()
         if i >= 2:
             times.append(time.perf_counter() - t0)
-    print(json.dumps({"step_s": statistics.median(times), "bf16": bf16, "peak_rss_mb": peak_rss_mb()}))
+    print(json.dumps({"step_s": statistics.median(times), "batch": batch, "bf16": bf16, "peak_rss_mb": peak_rss_mb()}))
 
 
 def child_hf(steps: int, hasten_trainer: bool) -> None:
@@ -93,16 +93,10 @@ def child_hf(steps: int, hasten_trainer: bool) -> None:
             times.append(time.perf_counter() - self.t0)
 
     data = V.RandomWindowSet(train, (steps + 5) * V.BATCH, 0)
-    if hasten_trainer:
-        from hasten.integrations.hf import HastenTrainer, muon_optimizer
-        opt = muon_optimizer(model, muon_lr=0.03, adam_lr=6e-3, adam_betas=(0.9, 0.95), adam_weight_decay=0.1,
-                             precision="bf16-mixed" if args.bf16 else "fp32")
-        trainer = HastenTrainer(model=model, args=args, train_dataset=data, callbacks=[StepTimes()],
-                                optimizers=(opt, None))
-    else:
-        trainer = transformers.Trainer(model=model, args=args, train_dataset=data, callbacks=[StepTimes()])
+    trainer = V.hf_trainer(model, args, data, [StepTimes()], hasten_trainer)
     trainer.train()
-    print(json.dumps({"step_s": statistics.median(times[5:]), "bf16": bool(args.bf16), "peak_rss_mb": peak_rss_mb()}))
+    print(json.dumps({"step_s": statistics.median(times[5:]), "batch": V.BATCH, "bf16": bool(args.bf16),
+                      "peak_rss_mb": peak_rss_mb()}))
 
 
 WORKLOADS = {"speedrun": "speedrun net (64/256/256), channels-last, batch {batch}",
@@ -138,13 +132,13 @@ def main() -> None:
             rec = json.loads(out.stdout.strip().splitlines()[-1])
             bf16 = rec["bf16"]
             rss[mode].append(rec["peak_rss_mb"])
-            results[mode].append((args.batch if args.workload == "speedrun" else 16) / rec["step_s"])
+            results[mode].append(rec["batch"] / rec["step_s"])
         print(f"round {r + 1}/{args.rounds}: " + ", ".join(f"{m} {v[-1]:.1f} samples/s" for m, v in results.items()),
               flush=True)
     base = statistics.median(results["glibc defaults"])
     unit = "images/s" if args.workload == "speedrun" else "sequences/s"
-    rows = [f"| {m} | {statistics.median(v):.{0 if args.workload == 'speedrun' else 2}f} | "
-            f"{min(v):.{0 if args.workload == 'speedrun' else 2}f}-{max(v):.{0 if args.workload == 'speedrun' else 2}f} | "
+    digits = 0 if args.workload == "speedrun" else 2
+    rows = [f"| {m} | {statistics.median(v):.{digits}f} | {min(v):.{digits}f}-{max(v):.{digits}f} | "
             f"{statistics.median(v) / base:.3f} | {max(rss[m]):.0f} |" for m, v in results.items()]
     what = WORKLOADS[args.workload].format(batch=args.batch)
     md = (f"# Host allocator settings and a CPU training step: {args.workload}\n\n"

@@ -193,6 +193,18 @@ def hf_arguments(out_dir, steps, seed, fast: bool):
     return transformers.TrainingArguments(**kw)
 
 
+def hf_trainer(model, args, data, callbacks, hasten: bool):
+    """The `hf` arm's `transformers.Trainer`, or with `hasten` the `hf+hasten` arm's
+    HastenTrainer with hasten's Muon (prose-gpt-fast's rates; the schedule is in `args`)."""
+    import transformers
+    if not hasten:
+        return transformers.Trainer(model=model, args=args, train_dataset=data, callbacks=callbacks)
+    from hasten.integrations.hf import HastenTrainer, muon_optimizer
+    opt = muon_optimizer(model, muon_lr=0.03, adam_lr=6e-3, adam_betas=(0.9, 0.95), adam_weight_decay=0.1,
+                         precision="bf16-mixed" if args.bf16 else "fp32")
+    return HastenTrainer(model=model, args=args, train_dataset=data, callbacks=callbacks, optimizers=(opt, None))
+
+
 def run_gpt(arm: str, seed: int, out, steps: int, fast_steps: int, every: int):
     import transformers
     train, val, vocab = gpt_data()
@@ -217,15 +229,7 @@ def run_gpt(arm: str, seed: int, out, steps: int, fast_steps: int, every: int):
                 if state.global_step % every == 0 or state.global_step == n_steps:
                     clock.point(model, state.global_step, state.global_step * BATCH, state.global_step * BATCH * BLOCK)
 
-        data = RandomWindowSet(train, n_steps * BATCH, seed)
-        if fast:
-            from hasten.integrations.hf import HastenTrainer, muon_optimizer
-            opt = muon_optimizer(model, muon_lr=0.03, adam_lr=6e-3, adam_betas=(0.9, 0.95), adam_weight_decay=0.1,
-                                 precision="bf16-mixed" if args.bf16 else "fp32")
-            trainer = HastenTrainer(model=model, args=args, train_dataset=data, callbacks=[Points()], optimizers=(opt, None))
-        else:
-            trainer = transformers.Trainer(model=model, args=args, train_dataset=data, callbacks=[Points()])
-        trainer.train()
+        hf_trainer(model, args, RandomWindowSet(train, n_steps * BATCH, seed), [Points()], fast).train()
         clock.final(n_steps, n_steps * BATCH, n_steps * BATCH * BLOCK, extra)
         return
     # hasten's Trainer, from the recipes, with the HF model

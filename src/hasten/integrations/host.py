@@ -98,7 +98,6 @@ class HostLoop:
         if refused:
             raise ValueError(refused)
         self.host, self.seed, self.host_allocator = host, seed, host_allocator
-        self.allocator_report = None   # what configure_host_allocator did at set-up, if anything
         self.algorithms = list(algorithms)
         self.state: State | None = None
         self.engine: Engine | None = None
@@ -110,7 +109,7 @@ class HostLoop:
               evaluate: Callable[[], dict] | None = None, quality: tuple = ("val/loss", "min")) -> None:
         """Before the host builds its optimizers: tune the host allocator if asked, make the
         State and fire INIT (model surgery)."""
-        self.allocator_report = configure_host_allocator(self.host_allocator, torch.device(device).type)
+        configure_host_allocator(self.host_allocator, torch.device(device).type)
         runtime = Runtime.of(device=torch.device(device), precision=precision, seed=self.seed)
         self.state = State(model=model, max_duration=Time(1, "ba"), runtime=runtime, algorithms=self.algorithms,
                            batch_fn=inputs_targets, autocast=runtime.autocast, evaluate=evaluate, quality=quality)
