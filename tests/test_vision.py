@@ -320,3 +320,58 @@ def test_a_compiled_run_with_progressive_resizing_compiles_nothing_inside_timed_
                 algorithms=[ProgressiveResizing(initial_scale=0.5, finish=0.8, size_increment=4)])
     t.fit(summary=False)
     assert t.state.compile_graphs_after_warmup == 0
+
+
+def test_last_batch_size_is_known_without_loading_for_the_loaders_hasten_warms_up():
+    from torch.utils.data import DataLoader, TensorDataset
+    from hasten.data import DeviceLoader
+    from hasten.data.sharding import last_batch_size
+    from hasten.data.text import EvalWindows
+    x, y = torch.randn(10, 3, 4, 4), torch.randint(0, 4, (10,))
+    images = torch.randint(0, 256, (10, 4, 4, 3), dtype=torch.uint8)
+    loader = DeviceLoader(images, y, batch_size=4, shuffle=False)
+    assert last_batch_size(loader) == [len(b[0]) for b in loader][-1] == 2
+    assert last_batch_size(DeviceLoader(images, y, batch_size=4, drop_last=True)) == 4
+    ds = TensorDataset(x, y)
+    for loader in (DataLoader(ds, batch_size=3), DataLoader(ds, batch_size=3, shuffle=True)):   # counted by loading
+        assert last_batch_size(loader) == [len(b[0]) for b in loader][-1] == 1
+    assert last_batch_size(DataLoader(ds, batch_size=3, drop_last=True)) == 3
+    windows = EvalWindows(torch.arange(100), block_size=8, batch_size=5)   # 12 windows: 5, 5, 2
+    assert last_batch_size(windows) == [len(b[0]) for b in windows][-1] == 2
+    assert last_batch_size([(x[:4], y[:4]), (x[:3], y[:3])]) == 3
+    assert last_batch_size(iter([(x, y)])) is None   # an iterable without a length: unknown
+
+
+def test_the_compiled_warm_up_also_steps_on_the_last_smaller_batch_and_undoes_it():
+    from hasten.microbatch import StepSnapshot
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.BatchNorm2d(8), torch.nn.ReLU(),
+                                torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(), torch.nn.Linear(8, 4))
+    data = [(torch.randn(8, 3, 16, 16), torch.randint(0, 4, (8,))), (torch.randn(3, 3, 16, 16), torch.randint(0, 4, (3,)))]
+    t = Trainer(model, data, eval_dataloader=data, max_duration="1ba")
+    sizes = []
+    t._prepare_step(t.state.train_dataloader)
+    step = t._step
+    t._step = lambda state: (sizes.append(state.batch[0].shape[0]), step(state))
+    t.state.batch = data[0]
+    before = StepSnapshot(model, torch.device("cpu"))
+    weights = [p.detach().clone() for p in model.parameters()]
+    t._warm_up_compiled(data[0])
+    assert sizes == [8, 3]   # the batch itself and one of the last batch's size
+    assert all(p.grad is None for p in model.parameters())
+    assert all(torch.equal(b, s) for b, s in before.buffers)
+    assert all(torch.equal(p, w) for p, w in zip(model.parameters(), weights))
+    assert t.state.batch is data[0] and model.training
+
+
+@pytest.mark.slow
+def test_a_compiled_run_with_smaller_last_batches_compiles_nothing_inside_timed_steps():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.ReLU(),
+                                torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(), torch.nn.Linear(8, 4))
+    data = [(torch.randn(8, 3, 16, 16), torch.randint(0, 4, (8,))) for _ in range(3)]
+    data.append((torch.randn(5, 3, 16, 16), torch.randint(0, 4, (5,))))   # a last, smaller batch
+    evals = [data[0], (data[3][0][:3], data[3][1][:3])]                    # and a smaller last evaluation batch
+    t = Trainer(model, data, eval_dataloader=evals, max_duration="8ba", eval_interval="4ba", compile=True)
+    t.fit(summary=False)
+    assert t.state.compile_graphs_after_warmup == 0

@@ -331,8 +331,15 @@ def _cmd_tune(args) -> int:
         budget = None
     if budget is None or budget.unit != TimeUnit.SECOND or budget.value <= 0:
         raise ConfigError(f"--budget {args.budget}: give a wall-clock time, e.g. 10m, 600s or 1h")
+    gain = args.min_gain.strip()
+    try:
+        min_gain = float(gain[:-1]) / 100 if gain.endswith("%") else float(gain)
+    except ValueError:
+        min_gain = -1.0
+    if not 0 <= min_gain < 1:
+        raise ConfigError(f"--min-gain {args.min_gain}: give a fraction or a percentage, e.g. 0.05 or 5%")
     result = tune(args.recipe, args.overrides, budget_s=float(budget.value), out=args.out, fresh=args.fresh,
-                  console=console)
+                  console=console, min_gain=min_gain)
     out = Path(args.out) if args.out else Path("tune-results") / result["recipe"]
     print(render_tune(result))
     console.print(f"tuned recipe: {out / 'tuned.yaml'} (hasten train {out / 'tuned.yaml'}); report: {out / 'tune.md'}")
@@ -479,6 +486,8 @@ def make_parser() -> argparse.ArgumentParser:
     u.add_argument("--budget", default="10m", help="wall-clock budget of the search (default 10m)")
     u.add_argument("--out", metavar="DIR", help="results folder (default tune-results/RECIPE)")
     u.add_argument("--fresh", action="store_true", help="measure again instead of printing the cached result")
+    u.add_argument("--min-gain", default="5%", metavar="G", help="the least projected gain in the whole run's time "
+                   "an option must show to be handed over, e.g. 5%% or 0.05 (default 5%%)")
     u.add_argument("--lr", action="store_true", help="a learning-rate range test instead of the systems search")
     u.add_argument("--lr-steps", type=int, default=200, help="--lr: steps of the sweep (default 200)")
     u.set_defaults(func=_cmd_tune)

@@ -20,9 +20,10 @@ from .assemble import (CheckpointOptions, Durations, Parts, StepOptions, assembl
                        runtime_for)
 from .checkpoint import save
 from .core import Algorithm, Event, State, Time, TimeUnit
-from .data.batches import batch_size, forward, inputs_targets, shard_batch, split_batch, to_device, token_count
+from .data.batches import (batch_size, cut, forward, inputs_targets, shard_batch, share_range, split_batch, to_device,
+                           token_count)
 from .data.resumable import epoch_iterator
-from .data.sharding import RankShare
+from .data.sharding import RankShare, last_batch_size
 from .distributed.prepare import ParallelOptions
 from .distributed.world import all_sum
 from .errors import TrainingError
@@ -357,38 +358,61 @@ class Trainer:
             state.step_losses[n_losses:] = [torch.stack(state.step_losses[n_losses:]).sum()]
 
     def _warm_up_compiled(self, loaded) -> None:
-        """A compiled run, before its first step: one step on every form the algorithms say the
-        batch as loaded will take (Algorithm.batch_variants: resized images, shorter sequences,
-        each then passed through the other algorithms' AFTER_DATALOADER work) and one
-        evaluation-mode forward on an evaluation batch, all undone (gradients, logged losses,
-        buffers, random state), so that compiling them falls in the first step's warm-up, not
-        in timed steps. Graphs compiled after this are counted at the end of fit
+        """A compiled run, before its first step: one step on every form the batch as loaded will
+        take (Algorithm.batch_variants: resized images, shorter sequences, each then passed
+        through the other algorithms' AFTER_DATALOADER work; the batch itself where no algorithm
+        changes its shape), the same again cut to the size of the epoch's last batch where the
+        loader keeps a smaller one, and one evaluation-mode forward on an evaluation batch and on
+        one of the evaluation loader's last size, all undone (gradients, logged losses, buffers,
+        random state), so that compiling them falls in the first step's warm-up, not in timed
+        steps. Graphs compiled after this are counted at the end of fit
         (`compile/graphs_after_warmup`, and a warning)."""
         state = self.state
         self._warm_pending = False
         variants = [(a, v) for a in state.algorithms for v in a.batch_variants(state, loaded)]
+        if not variants:   # the batch keeps its shape: the step on it (already through AFTER_DATALOADER)
+            variants = [(None, None)]
+        last = self._local_last_size(state.train_dataloader)
+        if last is not None and 0 < last < batch_size(loaded):
+            variants += [(a, cut(loaded if v is None else v, last)) for a, v in variants]
         cfg = torch._dynamo.config   # a graph per shape (static shapes), evaluation's too, and room to spare
-        cfg.recompile_limit = max(cfg.recompile_limit, len(variants) + 4)
+        cfg.recompile_limit = max(cfg.recompile_limit, len(variants) + 6)
         batch, snapshot, n_losses = state.batch, StepSnapshot(state.model, self.device), len(state.step_losses)
         for producer, v in variants:
-            state.batch = v   # then what the other algorithms do to every batch (memory layout, mixing)
-            for other in state.algorithms:
-                if other is not producer and type(other).after_dataloader is not Algorithm.after_dataloader:
-                    other.after_dataloader(state, self.logger)
+            if v is not None:
+                state.batch = v   # then what the other algorithms do to every batch (memory layout, mixing)
+                for other in state.algorithms:
+                    if other is not producer and type(other).after_dataloader is not Algorithm.after_dataloader:
+                        other.after_dataloader(state, self.logger)
             self._step(state)
             for opt in state.optimizers:
                 opt.zero_grad(set_to_none=True)
+            state.batch = batch
         if self.eval_dataloader is not None and not state.microbatch_auto:
             with torch.inference_mode(), self.runtime.autocast():   # as evaluate() runs
                 state.model.eval()
                 first = next(iter(self.eval_dataloader), None)
                 if first is not None:
-                    forward(self._eval_model, self.batch_fn(to_device(first, self.device))[0])
+                    first = self.batch_fn(to_device(first, self.device))[0]
+                    forward(self._eval_model, first)
+                    last = self._local_last_size(self.eval_dataloader)
+                    if last is not None and 0 < last < batch_size(first):
+                        forward(self._eval_model, cut(first, last))
                 state.model.train()
         state.batch = batch
         del state.step_losses[n_losses:]
         snapshot.restore()
         self._graphs_after_warmup = compiled_graphs()
+
+    def _local_last_size(self, loader) -> int | None:
+        """This rank's size of the epoch's last batch of `loader` (None where unknown)."""
+        last = last_batch_size(loader, self.state.timestamp.epoch)
+        if last is None or self.world.size == 1:
+            return last
+        if not any(hasattr(s, "shard_for_rank") for s in (loader, getattr(loader, "batch_sampler", None))):
+            return None   # a loader that does not share itself: the rank's size is not known here
+        start, stop = share_range(last, self.world.rank, self.world.size)
+        return stop - start
 
     def _redo_when_out_of_memory(self, step: Callable) -> Callable:
         """microbatch='auto': the step, redone with half the micro-batch whenever it runs out of

@@ -72,6 +72,18 @@ def index_batch(batch, idx: torch.Tensor):
     return batch
 
 
+def cut(batch, n: int):
+    """The first `n` samples of a (nested) batch (views, no copy)."""
+    if isinstance(batch, torch.Tensor):
+        return batch[:n] if batch.dim() else batch
+    if isinstance(batch, (list, tuple)):
+        out = [cut(b, n) for b in batch]
+        return out if isinstance(batch, list) else tuple(out)
+    if isinstance(batch, dict):
+        return {k: cut(v, n) for k, v in batch.items()}
+    return batch
+
+
 def share_range(n: int, rank: int, world_size: int) -> tuple[int, int]:
     """The positions [start, stop) of rank `rank`'s share of `n` samples: `world_size`
     contiguous parts, the first `n % world_size` one sample longer (torch.tensor_split's rule).

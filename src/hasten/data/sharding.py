@@ -61,6 +61,34 @@ def prepare(loader, rank: int, world_size: int, purpose: str = "training") -> Sh
     return Sharding("trainer")
 
 
+def last_batch_size(loader, epoch: int = 0) -> int | None:
+    """The size of the last global batch of an epoch of `loader`, where it can be known without
+    loading it: hasten's loaders say it (`global_batch_size`), a DataLoader with a batch size
+    and a sized sampler that keeps its last batch has the remainder; None otherwise (an
+    iterable without a length). A compiled run warms up on it (a smaller last batch is a new
+    shape)."""
+    try:
+        n = len(loader)
+    except TypeError:
+        return None
+    if n < 1:
+        return None
+    if isinstance(loader, (list, tuple)):   # batches held in a list
+        return batch_size(loader[-1])
+    for source in (loader, getattr(loader, "batch_sampler", None)):
+        if hasattr(source, "global_batch_size"):
+            return int(source.global_batch_size(epoch, n - 1))
+    size, sampler = getattr(loader, "batch_size", None), getattr(loader, "sampler", None)
+    if isinstance(size, int):
+        if getattr(loader, "drop_last", False):
+            return size
+        try:
+            return len(sampler) - (n - 1) * size
+        except TypeError:
+            return None
+    return None
+
+
 class RankShare:
     """Share accounting of one loader under data parallelism: this rank's share of each global
     batch, the global batch's size (`take`), the step's samples and tokens on all ranks, and

@@ -20,8 +20,14 @@ extra time is reported as compilation), then enough steps for at least a few sec
 measurement; the options of a stage alternate over rounds (A B A B ...) so that drift does
 not favour one. A stage's throughput is samples per second from the median step time, with a
 95% bootstrap interval over the measured steps; a crash, an out-of-memory or a refusal is
-recorded with its reason. An option is taken only when its interval's lower end clears the
-incumbent's median (otherwise the simpler setting stays).
+recorded with its reason. An option is taken only when it beats the incumbent (the simpler
+setting, which otherwise stays) three ways: its interval's lower end clears the incumbent's
+median; it is faster in every round, so one quiet spell cannot carry it; and the recipe's
+whole run is projected at least `--min-gain` (default 5%) shorter, counting the option's
+one-time cost (the first step's extra time: compilation) against the steps it saves. On a
+shared machine gains under a few percent are inside run-to-run drift; they are not handed
+over. The tuned recipe then runs against the recipe as written, interleaved; unless it clears
+the same bar, the tune hands over the recipe as written and says so.
 
 Quality guard: an option that changes the arithmetic (precision, compilation) must keep the
 training loss over the first steps within a tolerance of the recipe's own arithmetic: the
@@ -59,6 +65,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from ..config import Recipe, load_recipe, to_dict
+from ..core import Time
 from ..data.download import data_root
 from ..errors import ConfigError
 from ..files import atomic_write
@@ -167,12 +174,16 @@ def stages(recipe: Recipe) -> list[tuple[str, list[Option], str]]:
 
 class Tuner:
     def __init__(self, recipe_arg: str, overrides: list[str], budget_s: float, out: Path, console: Console,
-                 rounds: int = 2, guard_steps: int = 150, min_seconds: float = 4.0, steps: int = 8, warmup: int = 3):
+                 rounds: int = 2, guard_steps: int = 150, min_seconds: float = 4.0, steps: int = 8, warmup: int = 3,
+                 min_gain: float = 0.05):
         self.recipe_arg, self.overrides = recipe_arg, list(overrides)
         self.recipe = load_recipe(recipe_arg, overrides)
         self.budget_s, self.out, self.console = budget_s, out, console
         self.rounds, self.guard_steps = rounds, guard_steps
         self.min_seconds, self.steps, self.warmup = min_seconds, steps, warmup
+        if not 0 <= min_gain < 1:
+            raise ConfigError(f"--min-gain {min_gain}: give a fraction in [0, 1), e.g. 0.05 for 5%")
+        self.min_gain = min_gain
         self.t0 = time.perf_counter()
         self.spent_per_trial: list[float] = []
 
@@ -250,11 +261,10 @@ class Tuner:
                 rows = []
                 for tr in trials:
                     tp = throughput(tr, batch)
-                    compile_s = [max(0.0, r["times"][0] - statistics.median(r["times"][r["warmup"]:]))
-                                 for r in tr.results if r.get("status") == "ok" and len(r["times"]) > r["warmup"]]
+                    ok = any(r.get("status") == "ok" for r in tr.results)
                     rows.append({"stage": name, "option": tr.option.label, "overrides": tr.option.overrides,
-                                 "throughput": tp, "first_step_extra_s": statistics.median(compile_s) if compile_s else None,
-                                 "miss": tr.failure})
+                                 "throughput": tp, "first_step_extra_s": first_step_extra(tr) if ok else None,
+                                 "round_step_s": round_medians(tr), "miss": tr.failure})
                 winner = self._choose(trials, rows)
                 for row in rows:
                     row["chosen"] = row["option"] == winner.option.label
@@ -265,24 +275,61 @@ class Tuner:
             progress.update(task, description="the tuned recipe against the recipe as written")
             final = self.measure([Option("final", "tuned", fixed), Option("final", "as written", [])], [], progress, task)
         tuned_tp, written_tp = throughput(final[0], batch), throughput(final[1], batch) or base_tp
+        handed = fixed
+        if fixed and not self._beats(final[0], tuned_tp, final[1], written_tp, self.run_steps(final)):
+            handed = []   # not clearly faster than the recipe as written: that is what is handed over
+            decisions = {k: f"{v} (not handed over: the tuned recipe did not beat the recipe as written by "
+                            f"{self.min_gain:.0%})" for k, v in decisions.items()}
         return {"recipe": self.recipe.name, "recipe_arg": self.recipe_arg, "overrides": self.overrides,
                 "machine": machine_key(), "table": table, "decisions": decisions, "skipped": skipped,
-                "guard": guard, "tuned_overrides": fixed, "tuned": tuned_tp, "as_written": written_tp,
+                "guard": guard, "tuned_overrides": handed, "searched_overrides": fixed, "min_gain": self.min_gain,
+                "run_steps": self.run_steps(final), "tuned": tuned_tp, "as_written": written_tp,
                 "speedup": (tuned_tp["samples_per_s"] / written_tp["samples_per_s"]) if tuned_tp and written_tp else None,
                 "budget_s": self.budget_s, "spent_s": time.perf_counter() - self.t0,
                 "date": time.strftime("%Y-%m-%d %H:%M")}
 
+    def run_steps(self, trials: list[Trial]) -> float | None:
+        """The recipe's whole run in steps (its max_duration, in batches), from what the trials
+        saw (batches per epoch, tokens per batch); None where it cannot be told."""
+        try:
+            d = Time.parse(self.recipe.trainer.max_duration)
+        except ValueError:
+            return None
+        value, unit = float(d.value), d.unit.value
+        seen = [r for t in trials for r in t.results if r.get("status") == "ok"]
+        per_epoch = next((r.get("steps_per_epoch") for r in seen if r.get("steps_per_epoch")), None)
+        tokens = next((r.get("tokens_per_step") for r in seen if r.get("tokens_per_step")), None)
+        return {"ba": value, "ep": value * per_epoch if per_epoch else None,
+                "sp": value / self.recipe.data.batch_size, "tok": value / tokens if tokens else None}.get(unit)
+
+    def _beats(self, tr: Trial, tp: dict | None, inc: Trial, inc_tp: dict | None, steps: float | None) -> bool:
+        """Whether option `tr` beats the incumbent `inc` (see the module doc): its interval clears
+        the incumbent's median, it is faster in every round both ran, and the whole run (its
+        steps, plus the one-time cost of the first step) is projected `min_gain` shorter."""
+        if tp is None:
+            return False
+        if inc_tp is None:
+            return True
+        if tp["low"] <= inc_tp["samples_per_s"]:
+            return False
+        mine, theirs = round_medians(tr), round_medians(inc)
+        if any(r in theirs and mine[r] >= theirs[r] for r in mine):
+            return False
+        n = steps or 1.0
+        run = n * tp["step_s"] + (first_step_extra(tr) if steps else 0.0)
+        run_inc = n * inc_tp["step_s"] + (first_step_extra(inc) if steps else 0.0)
+        return run_inc >= run * (1 + self.min_gain)
+
     def _choose(self, trials: list[Trial], rows: list[dict]) -> Trial:
-        """The first option (the simplest) unless another's interval lies wholly above its median."""
-        incumbent = trials[0]
-        inc_tp = rows[0]["throughput"]
-        best, best_tp = incumbent, inc_tp
+        """The first option (the simplest) unless another beats it (`_beats`); then the best of
+        those that beat it, each next one beating the last."""
+        steps = self.run_steps(trials) if hasattr(self, "recipe") else None
+        best, best_tp = trials[0], rows[0]["throughput"]
         for tr, row in zip(trials[1:], rows[1:]):
-            tp = row["throughput"]
-            if tp is None or row["miss"]:
+            if row["miss"]:
                 continue
-            if inc_tp is None or (tp["low"] > (best_tp or inc_tp)["samples_per_s"] and tp["samples_per_s"] > (best_tp or inc_tp)["samples_per_s"]):
-                best, best_tp = tr, tp
+            if self._beats(tr, row["throughput"], best, best_tp, steps):
+                best, best_tp = tr, row["throughput"]
         return best
 
     def _guard(self, fixed: list[str], decisions: dict, table: list[dict], progress, task) -> dict:
@@ -340,14 +387,31 @@ class Tuner:
                     row["chosen"], row["miss"] = False, f"{why}; the recipe's own setting kept"
 
 
+def round_medians(trial: Trial) -> dict[int, float]:
+    """The median measured step time of each round the option ran in."""
+    out = {}
+    for i, r in enumerate(trial.results):
+        if r.get("status") == "ok" and len(r["times"]) > r["warmup"]:
+            out[r.get("round", i)] = statistics.median(r["times"][r["warmup"]:])
+    return out
+
+
+def first_step_extra(trial: Trial) -> float:
+    """The first step's extra time over the measured median (compilation), median over rounds."""
+    xs = [max(0.0, r["times"][0] - statistics.median(r["times"][r["warmup"]:]))
+          for r in trial.results if r.get("status") == "ok" and len(r["times"]) > r["warmup"]]
+    return statistics.median(xs) if xs else 0.0
+
+
 def _default(stage: str, recipe: Recipe) -> str:
     return {"precision": "fp32" if recipe.trainer.precision in ("fp32", "auto") else recipe.trainer.precision,
             "compile": "eager"}.get(stage, "")
 
 
 # ---------------------------------------------------------------------------- output
-def cache_path(recipe_arg: str, overrides: list[str], recipe: Recipe) -> Path:
-    key = json.dumps({"machine": machine_key(), "recipe": to_dict(recipe)}, sort_keys=True, default=str)
+def cache_path(recipe_arg: str, overrides: list[str], recipe: Recipe, min_gain: float = 0.05) -> Path:
+    key = json.dumps({"machine": machine_key(), "recipe": to_dict(recipe), "min_gain": min_gain}, sort_keys=True,
+                     default=str)
     return data_root() / "tune" / f"{recipe.name}-{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
 
 
@@ -383,9 +447,14 @@ def render(result: dict) -> str:
 
 
 def summary(result: dict) -> str:
-    chosen = [v for k, v in result["decisions"].items() if "excluded" not in v]
     if not result.get("speedup"):
         return "The tuned recipe could not be measured against the recipe as written."
+    gain = result.get("min_gain", 0.0)
+    if result.get("searched_overrides") and not result["tuned_overrides"]:
+        return (f"Nothing beat the recipe as written by {gain:.0%} on this machine: tuned.yaml is the recipe as "
+                f"written (the search's best measured {result['speedup']:.2f}x its throughput, "
+                f"{_fmt_tp(result['tuned'])} against {_fmt_tp(result['as_written'])} samples/s).")
+    chosen = [v for k, v in result["decisions"].items() if "excluded" not in v]
     return (f"{' + '.join(chosen)}: {result['speedup']:.2f}x the recipe's throughput on this machine "
             f"({_fmt_tp(result['tuned'])} against {_fmt_tp(result['as_written'])} samples/s).")
 
@@ -445,7 +514,7 @@ def tune(recipe_arg: str, overrides: list[str], budget_s: float = 600.0, out: "s
     if recipe.task not in TASKS:
         raise ConfigError(f"hasten tune: unknown task {recipe.task!r}")
     out = Path(out) if out else Path("tune-results") / recipe.name
-    cache = cache_path(recipe_arg, overrides, recipe)
+    cache = cache_path(recipe_arg, overrides, recipe, kw.get("min_gain", 0.05))
     if cache.exists() and not fresh:
         result = json.loads(cache.read_text())
         console.print(f"cached: measured on this machine on {result['date']} (--fresh to measure again)")

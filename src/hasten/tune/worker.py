@@ -64,7 +64,9 @@ def main(spec_path: str, out_path: str) -> int:
         run.close(discard=False)
         result.update(times=timer.times, losses=timer.losses, samples=timer.samples, wall_s=time.perf_counter() - t0,
                       precision=run.trainer.state.precision, threads=torch.get_num_threads(),
-                      batch=recipe.data.batch_size, microbatch=run.trainer.state.microbatch)
+                      batch=recipe.data.batch_size, microbatch=run.trainer.state.microbatch,
+                      steps_per_epoch=run.trainer.state.steps_per_epoch,
+                      tokens_per_step=(ts.token / ts.batch) if (ts := run.trainer.state.timestamp).batch else None)
     except torch.OutOfMemoryError as e:
         result.update(status="out of memory", reason=first_line(e))
     except HastenError as e:
