@@ -175,3 +175,12 @@ def test_a_damaged_cache_is_rebuilt(tmp_path):
     assert torch.equal(first.train_x, again.train_x)
     with np.load(cache) as ok:   # rewritten whole
         assert ok["train_x"].shape == tuple(first.train_x.shape)
+
+
+@pytest.mark.parametrize("args, needles", [
+    (["--budget", "ten"], ["--budget ten", "e.g. 10m"]),
+    (["--min-gain", "150%"], ["--min-gain 150%", "5%"]),
+    (["--min-gain", "lots"], ["--min-gain lots", "0.05"]),
+])
+def test_tune_options_out_of_range_get_one_line(capsys, args, needles):
+    _one_line_error(capsys, main(["tune", str(TINY), *args]), 2, *needles)
