@@ -122,7 +122,7 @@ def main(argv=None) -> int:
           "|---|---|---|---|---|\n" + "\n".join(rows) + "\n\n"
           f"hasten's report: [bench/{args.name}/report.md](bench/{args.name}/report.md); "
           f"peer runs: [bench/{args.name}/peer.jsonl](bench/{args.name}/peer.jsonl). hasten's runs ran at commit "
-          f"{', '.join(sorted({(r.get('code') or {}).get('commit') or '?' for r in ours}))[:60]}; the table is "
+          f"{', '.join(sorted({((r.get('final') or {}).get('code') or {}).get('commit', '?')[:7] for r in ours}))}; the table is "
           "computed from the records by the command below.\n")
     j, m = write_results(args.name, data, md)
     print(m.read_text())
