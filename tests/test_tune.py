@@ -1,6 +1,7 @@
 """hasten tune: the search plan fits the machine (no bf16 where the CPU would emulate it), the
 choice needs an interval clear of the incumbent, the tuned recipe runs as written, the
 learning-rate range test finds the descent, and the command works end to end."""
+import io
 import json
 from pathlib import Path
 
@@ -135,7 +136,7 @@ def test_an_arithmetic_option_the_guard_cannot_check_is_not_handed_over(monkeypa
     assert not guard["checked"] and guard["excluded"] == ["compile"]
     assert fixed == ["trainer.threads=2"] and decisions["compile"].startswith("excluded")
     assert not table[1]["chosen"] and "could not check" in table[1]["miss"] and table[2]["chosen"]
-    result = {"decisions": decisions, "speedup": 1.0, "tuned": None, "as_written": None}
+    result = {"decisions": decisions, "speedup": 1.0, "tuned": None, "as_written": None, "tuned_overrides": fixed}
     assert tune_mod.summary(result).startswith("2 threads:")
 
 
@@ -178,3 +179,30 @@ def test_hasten_tune_end_to_end_and_cached(tmp_path):
     assert load_recipe(str(out / "tuned.yaml")).name
     again = run_cli("tune", str(TINY), "trainer.max_duration=200ba", "--out", str(out))
     assert again.returncode == 0 and "cached" in again.stderr
+
+
+def test_when_the_guard_cannot_fit_only_the_stages_that_change_the_arithmetic_are_skipped(monkeypatch):
+    """A slow recipe on a short budget: the quality guard alone would take most of it. The
+    stages whose options change the arithmetic are skipped, saying what budget would do; the
+    others are still searched (they were all skipped before, the guard's reserve taken from each)."""
+    from rich.console import Console
+    monkeypatch.setattr(tune_mod, "cpu_flags", lambda: {"avx2", "avx512_bf16"})
+    monkeypatch.setattr(tune_mod.torch.cuda, "is_available", lambda: False)
+    tuner = Tuner("cifar10-narrow", [], budget_s=600, out=None, console=Console(file=io.StringIO()))
+    monkeypatch.setattr(Tuner, "trial_cost", lambda self: 20.0)
+    monkeypatch.setattr(Tuner, "_guard_cost", lambda self: 500.0)
+    clock = iter(range(0, 100000, 1))
+    monkeypatch.setattr(Tuner, "left_s", lambda self: 600.0 - next(clock))
+    searched = []
+
+    def measure(self, options, fixed, progress, task):
+        searched.append(options[0].stage)
+        return [_trial(o.label, [1.0, 1.01, 0.99] * 4) for o in options]
+    monkeypatch.setattr(Tuner, "measure", measure)
+    result = tuner.search()
+    why = {s["stage"]: s["why"] for s in result["skipped"]}
+    assert "precision" not in searched and "compile" not in searched
+    assert "quality guard" in why["precision"] and "--budget" in why["compile"]
+    assert {"channels_last", "loader", "threads"} <= set(searched)
+    assert result["tuned_overrides"] == [] or not any("precision" in o or "compile" in o
+                                                      for o in result["tuned_overrides"])

@@ -241,6 +241,14 @@ class Tuner:
             task = progress.add_task("", total=total)
             written = self.measure([Option("as written", "the recipe as written", [])], [], progress, task)[0]
             base_tp = throughput(written, batch)
+            # what the search will cost, from the trials of the recipe as written: a stage whose
+            # options change the arithmetic is searched only when its quality guard fits too
+            cost = self.trial_cost()
+            needs = {n: len(o) * self.rounds * cost for n, o, why in plan if o and not why}
+            final_cost, guard_cost = 2 * self.rounds * cost, self._guard_cost()
+            guarded = sum(v for n, v in needs.items() if n in GUARDED)
+            arithmetic = bool(guarded) and guarded + guard_cost + final_cost <= self.left_s()
+            want = math.ceil((time.perf_counter() - self.t0 + sum(needs.values()) + guard_cost + final_cost) / 60)
             for name, options, why in plan:
                 if not options or why:
                     skipped.append({"stage": name, "why": why or "nothing to choose"})
@@ -248,12 +256,21 @@ class Tuner:
                         fixed += options[0].overrides
                         decisions[name] = options[0].label
                     continue
-                need = len(options) * self.rounds * self.trial_cost()
-                # the quality guard's runs are kept out of what the stages may spend
-                reserve = self._guard_cost() if any(n in GUARDED for n, _, _ in plan) else 0.0
+                need = needs[name]
+                if name in GUARDED and not arithmetic:
+                    skipped.append({"stage": name, "why": f"this stage and the quality guard its options need (about "
+                                                          f"{guarded + guard_cost:.0f} s) do not fit in the budget left "
+                                                          f"({self.left_s():.0f} s); the recipe's own setting is kept "
+                                                          f"(--budget {want}m would fit the whole search)"})
+                    progress.advance(task, len(options) * self.rounds)
+                    continue
+                # the quality guard's runs and the final check are kept out of what the stages may spend
+                reserve = final_cost + (guard_cost if arithmetic else 0.0)
                 if need > self.left_s() - reserve:
-                    skipped.append({"stage": name, "why": f"the budget left ({self.left_s():.0f} s) is less than the "
-                                                          f"stage needs (about {need:.0f} s)"})
+                    skipped.append({"stage": name, "why": f"the budget left ({self.left_s():.0f} s, {reserve:.0f} s of it "
+                                                          f"kept for the quality guard and the final check) is less "
+                                                          f"than the stage needs (about {need:.0f} s; --budget {want}m "
+                                                          f"would fit the whole search)"})
                     progress.advance(task, len(options) * self.rounds)
                     continue
                 progress.update(task, description=name)
@@ -272,8 +289,12 @@ class Tuner:
                 fixed += winner.option.overrides
                 decisions[name] = winner.option.label
             guard = self._guard(fixed, decisions, table, progress, task)
-            progress.update(task, description="the tuned recipe against the recipe as written")
-            final = self.measure([Option("final", "tuned", fixed), Option("final", "as written", [])], [], progress, task)
+            if fixed:
+                progress.update(task, description="the tuned recipe against the recipe as written")
+                final = self.measure([Option("final", "tuned", fixed), Option("final", "as written", [])], [],
+                                     progress, task)
+            else:   # nothing to hand over: the recipe as written, measured once
+                final = [written, written]
         tuned_tp, written_tp = throughput(final[0], batch), throughput(final[1], batch) or base_tp
         handed = fixed
         if fixed and not self._beats(final[0], tuned_tp, final[1], written_tp, self.run_steps(final)):
@@ -455,6 +476,8 @@ def summary(result: dict) -> str:
                 f"written (the search's best measured {result['speedup']:.2f}x its throughput, "
                 f"{_fmt_tp(result['tuned'])} against {_fmt_tp(result['as_written'])} samples/s).")
     chosen = [v for k, v in result["decisions"].items() if "excluded" not in v]
+    if not result["tuned_overrides"]:
+        return "No setting was handed over: tuned.yaml is the recipe as written (what was skipped, and why, is above)."
     return (f"{' + '.join(chosen)}: {result['speedup']:.2f}x the recipe's throughput on this machine "
             f"({_fmt_tp(result['tuned'])} against {_fmt_tp(result['as_written'])} samples/s).")
 
