@@ -267,8 +267,9 @@ class Tuner:
                 # the quality guard's runs and the final check are kept out of what the stages may spend
                 reserve = final_cost + (guard_cost if arithmetic else 0.0)
                 if need > self.left_s() - reserve:
+                    kept = "the quality guard and the final check" if arithmetic else "the final check"
                     skipped.append({"stage": name, "why": f"the budget left ({self.left_s():.0f} s, {reserve:.0f} s of it "
-                                                          f"kept for the quality guard and the final check) is less "
+                                                          f"kept for {kept}) is less "
                                                           f"than the stage needs (about {need:.0f} s; --budget {want}m "
                                                           f"would fit the whole search)"})
                     progress.advance(task, len(options) * self.rounds)
