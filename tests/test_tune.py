@@ -92,7 +92,7 @@ def test_a_one_time_cost_counts_against_the_steps_it_saves_in_the_whole_run():
     for steps, winner in ((100, eager), (2000, compiled)):
         tuner.recipe = load_recipe(str(TINY), [f"trainer.max_duration={steps}ba"])
         assert tuner.run_steps([eager]) == steps
-        assert tuner._choose([eager, compiled], _rows(eager, compiled)) is winner
+        assert tuner._choose([eager, compiled], _rows(eager, compiled), tuner.run_steps([eager])) is winner
 
 
 def test_the_whole_run_in_steps_from_each_unit_of_max_duration():

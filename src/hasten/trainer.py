@@ -23,7 +23,7 @@ from .core import Algorithm, Event, State, Time, TimeUnit
 from .data.batches import (batch_size, cut, forward, inputs_targets, shard_batch, share_range, split_batch, to_device,
                            token_count)
 from .data.resumable import epoch_iterator
-from .data.sharding import RankShare, last_batch_size
+from .data.sharding import RankShare, last_batch_size, own_sharing
 from .distributed.prepare import ParallelOptions
 from .distributed.world import all_sum
 from .errors import TrainingError
@@ -399,7 +399,6 @@ class Trainer:
                     if last is not None and 0 < last < batch_size(first):
                         forward(self._eval_model, cut(first, last))
                 state.model.train()
-        state.batch = batch
         del state.step_losses[n_losses:]
         snapshot.restore()
         self._graphs_after_warmup = compiled_graphs()
@@ -409,7 +408,7 @@ class Trainer:
         last = last_batch_size(loader, self.state.timestamp.epoch)
         if last is None or self.world.size == 1:
             return last
-        if not any(hasattr(s, "shard_for_rank") for s in (loader, getattr(loader, "batch_sampler", None))):
+        if own_sharing(loader) is None:
             return None   # a loader that does not share itself: the rank's size is not known here
         start, stop = share_range(last, self.world.rank, self.world.size)
         return stop - start

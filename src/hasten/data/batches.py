@@ -60,28 +60,27 @@ def split_batch(batch, n: int) -> list:
     return [batch] * n
 
 
-def index_batch(batch, idx: torch.Tensor):
-    """The samples `idx` (a LongTensor on the batch's device) of a (nested) batch."""
+def map_samples(batch, fn):
+    """`fn` applied to every tensor with a sample dimension of a (nested) batch; scalars and
+    anything else kept as they are, lists kept lists and tuples tuples."""
     if isinstance(batch, torch.Tensor):
-        return batch.index_select(0, idx.to(batch.device)) if batch.dim() else batch
+        return fn(batch) if batch.dim() else batch
     if isinstance(batch, (list, tuple)):
-        out = [index_batch(b, idx) for b in batch]
+        out = [map_samples(b, fn) for b in batch]
         return out if isinstance(batch, list) else tuple(out)
     if isinstance(batch, dict):
-        return {k: index_batch(v, idx) for k, v in batch.items()}
+        return {k: map_samples(v, fn) for k, v in batch.items()}
     return batch
+
+
+def index_batch(batch, idx: torch.Tensor):
+    """The samples `idx` (a LongTensor on the batch's device) of a (nested) batch."""
+    return map_samples(batch, lambda t: t.index_select(0, idx.to(t.device)))
 
 
 def cut(batch, n: int):
     """The first `n` samples of a (nested) batch (views, no copy)."""
-    if isinstance(batch, torch.Tensor):
-        return batch[:n] if batch.dim() else batch
-    if isinstance(batch, (list, tuple)):
-        out = [cut(b, n) for b in batch]
-        return out if isinstance(batch, list) else tuple(out)
-    if isinstance(batch, dict):
-        return {k: cut(v, n) for k, v in batch.items()}
-    return batch
+    return map_samples(batch, lambda t: t[:n])
 
 
 def share_range(n: int, rank: int, world_size: int) -> tuple[int, int]:
@@ -98,17 +97,10 @@ def shard_batch(batch, rank: int, world_size: int):
     """Rank `rank`'s share of a (nested) batch of the whole world (`share_range`'s rule), so
     every sample goes to exactly one rank and a batch that does not divide by the world size
     loses nothing."""
-    if isinstance(batch, torch.Tensor):
-        if not batch.dim():
-            return batch
-        start, stop = share_range(batch.shape[0], rank, world_size)
-        return batch[start:stop]
-    if isinstance(batch, (list, tuple)):
-        parts = [shard_batch(b, rank, world_size) for b in batch]
-        return parts if isinstance(batch, list) else tuple(parts)
-    if isinstance(batch, dict):
-        return {k: shard_batch(v, rank, world_size) for k, v in batch.items()}
-    return batch
+    def share(t):
+        start, stop = share_range(t.shape[0], rank, world_size)
+        return t[start:stop]
+    return map_samples(batch, share)
 
 
 def token_count(targets) -> int:

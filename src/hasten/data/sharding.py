@@ -39,6 +39,15 @@ class Sharding:
         return local * world_size   # 'sampler' ('trainer' reads the global batch itself)
 
 
+def own_sharing(loader):
+    """What in `loader` loads only a rank's share and says each global batch's size (hasten's
+    loaders, or a DataLoader over hasten's batch sampler): the loader, its batch sampler, or None."""
+    for source in (loader, getattr(loader, "batch_sampler", None)):
+        if hasattr(source, "shard_for_rank"):
+            return source
+    return None
+
+
 def _distributed_sampler(loader) -> bool:
     from torch.utils.data.distributed import DistributedSampler
     samplers = (getattr(loader, "sampler", None), getattr(getattr(loader, "batch_sampler", None), "sampler", None))
@@ -48,10 +57,10 @@ def _distributed_sampler(loader) -> bool:
 def prepare(loader, rank: int, world_size: int, purpose: str = "training") -> Sharding:
     """Decide how `loader` is shared among the ranks and make hasten's loaders load only
     rank `rank`'s part (idempotent)."""
-    for source in (loader, getattr(loader, "batch_sampler", None)):
-        if hasattr(source, "shard_for_rank"):
-            source.shard_for_rank(rank, world_size)
-            return Sharding("loader", source)
+    source = own_sharing(loader)
+    if source is not None:
+        source.shard_for_rank(rank, world_size)
+        return Sharding("loader", source)
     if _distributed_sampler(loader):
         if purpose == "evaluation":
             raise ValueError("the evaluation loader uses a DistributedSampler, which repeats samples to make "
@@ -75,9 +84,9 @@ def last_batch_size(loader, epoch: int = 0) -> int | None:
         return None
     if isinstance(loader, (list, tuple)):   # batches held in a list
         return batch_size(loader[-1])
-    for source in (loader, getattr(loader, "batch_sampler", None)):
-        if hasattr(source, "global_batch_size"):
-            return int(source.global_batch_size(epoch, n - 1))
+    source = own_sharing(loader)
+    if source is not None:
+        return int(source.global_batch_size(epoch, n - 1))
     size, sampler = getattr(loader, "batch_size", None), getattr(loader, "sampler", None)
     if isinstance(size, int):
         if getattr(loader, "drop_last", False):

@@ -256,22 +256,20 @@ class Tuner:
                         fixed += options[0].overrides
                         decisions[name] = options[0].label
                     continue
-                need = needs[name]
+                need, reserve = needs[name], final_cost + (guard_cost if arithmetic else 0.0)
+                fits = f"--budget {want}m would fit the whole search"
                 if name in GUARDED and not arithmetic:
-                    skipped.append({"stage": name, "why": f"this stage and the quality guard its options need (about "
-                                                          f"{guarded + guard_cost:.0f} s) do not fit in the budget left "
-                                                          f"({self.left_s():.0f} s); the recipe's own setting is kept "
-                                                          f"(--budget {want}m would fit the whole search)"})
-                    progress.advance(task, len(options) * self.rounds)
-                    continue
-                # the quality guard's runs and the final check are kept out of what the stages may spend
-                reserve = final_cost + (guard_cost if arithmetic else 0.0)
-                if need > self.left_s() - reserve:
+                    skip = (f"this stage and the quality guard its options need (about {guarded + guard_cost:.0f} s) "
+                            f"do not fit in the budget left ({self.left_s():.0f} s); the recipe's own setting is kept "
+                            f"({fits})")
+                elif need > self.left_s() - reserve:   # the guard's runs and the final check are kept back
                     kept = "the quality guard and the final check" if arithmetic else "the final check"
-                    skipped.append({"stage": name, "why": f"the budget left ({self.left_s():.0f} s, {reserve:.0f} s of it "
-                                                          f"kept for {kept}) is less "
-                                                          f"than the stage needs (about {need:.0f} s; --budget {want}m "
-                                                          f"would fit the whole search)"})
+                    skip = (f"the budget left ({self.left_s():.0f} s, {reserve:.0f} s of it kept for {kept}) is "
+                            f"less than the stage needs (about {need:.0f} s; {fits})")
+                else:
+                    skip = None
+                if skip:
+                    skipped.append({"stage": name, "why": skip})
                     progress.advance(task, len(options) * self.rounds)
                     continue
                 progress.update(task, description=name)
@@ -283,7 +281,7 @@ class Tuner:
                     rows.append({"stage": name, "option": tr.option.label, "overrides": tr.option.overrides,
                                  "throughput": tp, "first_step_extra_s": first_step_extra(tr) if ok else None,
                                  "round_step_s": round_medians(tr), "miss": tr.failure})
-                winner = self._choose(trials, rows)
+                winner = self._choose(trials, rows, self.run_steps(trials))
                 for row in rows:
                     row["chosen"] = row["option"] == winner.option.label
                 table += rows
@@ -297,15 +295,15 @@ class Tuner:
             else:   # nothing to hand over: the recipe as written, measured once
                 final = [written, written]
         tuned_tp, written_tp = throughput(final[0], batch), throughput(final[1], batch) or base_tp
-        handed = fixed
-        if fixed and not self._beats(final[0], tuned_tp, final[1], written_tp, self.run_steps(final)):
+        handed, run_steps = fixed, self.run_steps(final)
+        if fixed and not self._beats(final[0], tuned_tp, final[1], written_tp, run_steps):
             handed = []   # not clearly faster than the recipe as written: that is what is handed over
             decisions = {k: f"{v} (not handed over: the tuned recipe did not beat the recipe as written by "
                             f"{self.min_gain:.0%})" for k, v in decisions.items()}
         return {"recipe": self.recipe.name, "recipe_arg": self.recipe_arg, "overrides": self.overrides,
                 "machine": machine_key(), "table": table, "decisions": decisions, "skipped": skipped,
                 "guard": guard, "tuned_overrides": handed, "searched_overrides": fixed, "min_gain": self.min_gain,
-                "run_steps": self.run_steps(final), "tuned": tuned_tp, "as_written": written_tp,
+                "run_steps": run_steps, "tuned": tuned_tp, "as_written": written_tp,
                 "speedup": (tuned_tp["samples_per_s"] / written_tp["samples_per_s"]) if tuned_tp and written_tp else None,
                 "budget_s": self.budget_s, "spent_s": time.perf_counter() - self.t0,
                 "date": time.strftime("%Y-%m-%d %H:%M")}
@@ -342,10 +340,9 @@ class Tuner:
         run_inc = n * inc_tp["step_s"] + (first_step_extra(inc) if steps else 0.0)
         return run_inc >= run * (1 + self.min_gain)
 
-    def _choose(self, trials: list[Trial], rows: list[dict]) -> Trial:
+    def _choose(self, trials: list[Trial], rows: list[dict], steps: float | None = None) -> Trial:
         """The first option (the simplest) unless another beats it (`_beats`); then the best of
         those that beat it, each next one beating the last."""
-        steps = self.run_steps(trials) if hasattr(self, "recipe") else None
         best, best_tp = trials[0], rows[0]["throughput"]
         for tr, row in zip(trials[1:], rows[1:]):
             if row["miss"]:
