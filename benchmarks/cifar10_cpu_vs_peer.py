@@ -14,6 +14,15 @@ comparison left off.
 
 `--peer-malloc hasten` runs the peer under hasten's host allocator settings (given as
 glibc's MALLOC_* variables), to tell the allocator's share of the gap from the rest.
+
+On a GPU (`--device cuda`) the peer runs as published: compiled, one process for all its
+seeds after one whole untimed warm-up run (its compilation), timed with CUDA events; hasten's
+runs take the recipe as given (`--recipe cifar10-fast+trainer.compile=true` for the compiled
+path, whose compilation falls in the untimed warm-up of each run). A dedicated GPU has no
+neighbours to share slow spells with, so the peer's seeds run first, then hasten's.
+
+    python benchmarks/cifar10_cpu_vs_peer.py --device cuda --data cifar10-jpeg.zip --seeds 3 --peer-seeds 3 \
+        --recipe cifar10-fast+trainer.compile=true --name cifar10-fast-compiled-vs-muon-h100
 """
 from __future__ import annotations
 
@@ -66,6 +75,8 @@ def main(argv=None) -> int:
     ap.add_argument("--peer", choices=("muon", "airbench94"), default="muon",
                     help="muon: airbench94_muon (default); airbench94: the older SGD and Lookahead procedure")
     ap.add_argument("--name", default=None, help="results name (default cifar10-fast-cpu-vs-PEER)")
+    ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                    help="cuda: the peer compiled, all its seeds in one process after one warm-up run")
     args = ap.parse_args(argv)
 
     args.name = args.name or f"cifar10-fast-cpu-vs-{args.peer}"
@@ -76,9 +87,17 @@ def main(argv=None) -> int:
     env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
     if args.peer_malloc == "hasten":
         env.update(HASTEN_MALLOC)
+    if args.device == "cuda":   # one process, one warm-up (compilation) for all the peer's missing seeds
+        done = {r["seed"] for r in _read_jsonl(peer_log)}
+        missing = [i for i in range(args.peer_seeds) if i not in done]
+        if missing:
+            print(f"peer seeds {missing[0]}-{missing[-1]} (cuda, compiled)", flush=True)
+            subprocess.run([sys.executable, str(peer_script), "--data", args.data, "--seed0", str(missing[0]),
+                            "--seeds", str(len(missing)), "--out", str(peer_log), "--device", "cuda", "--compile",
+                            "--precision", args.peer_precision], env=env, check=True)
     for i in range(max(args.seeds, args.peer_seeds)):
         done = {(r["seed"], bool(r.get("malloc_env"))) for r in _read_jsonl(peer_log)}
-        if i < args.peer_seeds and (i, args.peer_malloc == "hasten") not in done:
+        if args.device == "cpu" and i < args.peer_seeds and (i, args.peer_malloc == "hasten") not in done:
             print(f"peer seed {i} (malloc {args.peer_malloc})", flush=True)
             subprocess.run([sys.executable, str(peer_script), "--data", args.data,
                             "--seed0", str(i), "--seeds", "1", "--out", str(peer_log),
@@ -109,7 +128,9 @@ def main(argv=None) -> int:
                  else f"{ci['ratio']:.3f}" if ci else "–")
         precisions = "/".join(sorted({r.get("precision", "bf16") for r in runs}))
         name = "airbench94_muon" if args.peer == "muon" else "airbench94 (the older procedure)"
-        label = f"{name}, CPU ({precisions})" + (" + hasten's allocator settings" if malloc else "")
+        where = "/".join(sorted({r.get("gpu") or "CPU" for r in runs}))
+        compiled = ", compiled" if any(r.get("compiled") for r in runs) else ""
+        label = f"{name}, {where} ({precisions}{compiled})" + (" + hasten's allocator settings" if malloc else "")
         rows.append(f"| {label} | {len(runs)} | {_stats(acc)} | {_stats(t)} | {ratio} |")
         data["peer"]["hasten_malloc" if malloc else "default_malloc"] = [
             {"seed": r["seed"], "acc": r["acc_tta"], "timed_s": r["timed_s"], "parts_s": r["parts_s"]} for r in runs]

@@ -5,8 +5,15 @@
 # 5 seeds, segments ended by a device synchronisation), `ddp` (DDP at world size 1 against no
 # wrapper, interleaved, 3 seeds), `fsdp` (FSDP2 on CUDA: NCCL, the bf16 policy, a sharded DCP
 # checkpoint, a resume and the whole export), `lm` (nanoGPT's GPU Tiny Shakespeare config),
-# `cards-a`, `cards-b` (method cards on the cifar10-narrow proxy).
+# `cards-a`, `cards-b` (method cards on the cifar10-narrow proxy), `peer` (compiled cifar10-fast
+# against the compiled airbench94_muon peer, 3 seeds each), `eager` (uncompiled cifar10-fast
+# against the same peer runs), `float8` (a GPT in bf16 against float8, benchmarks/float8_gpt.py).
 #   bash benchmarks/gpu_session.sh bench ddp fsdp
+# The CIFAR zip (about 60 MiB) does not fit beside the working tree in a 64 MiB transfer: on the
+# home machine `bash benchmarks/gpu_session.sh pack` writes it as one solid tar.xz of about
+# 18 MiB into .gpudata/ (benchmarks/gpu_data.py) with the torchao wheel for the GPU machine's
+# torch; carry .gpudata; `setup`, the first part there, rebuilds the zip (same members, order
+# and bytes) and installs the carried wheels.
 set -u
 OUT=${OUT:-gpu-out}
 mkdir -p "$OUT"
@@ -16,16 +23,56 @@ W=$(mktemp -d)
 DATA=data.path=.data/cifar10-jpeg.zip
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 python3 -c 'import torch; print("torch", torch.__version__, torch.cuda.get_device_name())'
-git rev-parse --short HEAD 2>/dev/null
+git rev-parse --short HEAD 2>/dev/null || cat .gpudata/COMMIT 2>/dev/null
+TAG=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | grep -oiE 'h100|h200|a100|l40s|l4' | head -1 | tr A-Z a-z)
+TAG=${TAG:-gpu}
 
 for part in "$@"; do
   case $part in
+  pack)   # on the home machine: what the GPU machine needs beside the working tree, into .gpudata/
+    mkdir -p .gpudata
+    git rev-parse --short HEAD > .gpudata/COMMIT
+    [ -f .gpudata/cifar.tar.xz ] || python3 benchmarks/gpu_data.py pack .data/cifar10-jpeg.zip .gpudata/cifar.tar.xz
+    ls .gpudata/torchao-*.whl >/dev/null 2>&1 || python3 -m pip download -q --no-deps --only-binary=:all: \
+      --python-version 3.12 --implementation cp --platform manylinux_2_28_x86_64 -d .gpudata torchao==0.17.0 \
+      || echo "no torchao wheel fetched: float8 cannot run there"
+    ls -la .gpudata
+    continue
+    ;;
+  setup)  # on the GPU machine: the zip rebuilt from the carried tar.xz, the carried wheels installed
+    [ -f .data/cifar10-jpeg.zip ] || python3 benchmarks/gpu_data.py unpack .gpudata/cifar.tar.xz .data/cifar10-jpeg.zip
+    ls -la .data
+    if ls .gpudata/*.whl >/dev/null 2>&1; then
+      python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .gpudata/*.whl \
+        && export PYTHONPATH=$PYTHONPATH:/tmp/site
+    fi
+    python3 -c 'import torchao; print("torchao", torchao.__version__)' 2>&1 | tail -1
+    ;;
+  peer)   # compiled cifar10-fast against the compiled airbench94_muon peer, 3 seeds each
+    N=cifar10-fast-compiled-vs-muon-$TAG
+    timeout ${PEER_CAP:-300} python3 benchmarks/cifar10_cpu_vs_peer.py --device cuda --data .data/cifar10-jpeg.zip \
+      --seeds 3 --peer-seeds 3 --recipe cifar10-fast+trainer.compile=true --name $N
+    mkdir -p "$W/results"; cp -r benchmarks/results/bench/$N benchmarks/results/$N.* "$W/results/" 2>/dev/null
+    ;;
+  eager)  # uncompiled cifar10-fast against the same peer runs (the peer's log copied, not rerun)
+    N=cifar10-fast-compiled-vs-muon-$TAG; E=cifar10-fast-eager-vs-muon-$TAG
+    mkdir -p benchmarks/results/bench/$E; cp benchmarks/results/bench/$N/peer.jsonl benchmarks/results/bench/$E/ 2>/dev/null
+    timeout ${EAGER_CAP:-90} python3 benchmarks/cifar10_cpu_vs_peer.py --device cuda --data .data/cifar10-jpeg.zip \
+      --seeds 3 --peer-seeds 3 --recipe cifar10-fast --name $E
+    mkdir -p "$W/results"; cp -r benchmarks/results/bench/$E benchmarks/results/$E.* "$W/results/" 2>/dev/null
+    ;;
+  float8) # a GPT in bf16 against float8 (tensorwise, rowwise): throughput, memory, the loss over the same steps
+    timeout ${FLOAT8_CAP:-170} python3 benchmarks/float8_gpt.py --device cuda --sizes 24x1024,12x768 --steps 60 \
+      --warmup 10 --name float8-gpt-$TAG
+    mkdir -p "$W/results"; cp benchmarks/results/float8-gpt-$TAG.* "$W/results/" 2>/dev/null
+    ;;
   bench)
     hasten bench cifar10-fast $DATA --seeds 5 --target 'val/acc>=0.908' --out "$W/b" --name cifar10-fast-cuda-synced
     ;;
   ddp)   # the same run without a wrapper and under torchrun as DDP at world size 1, alternately
     for s in 0 1 2; do
       for mode in none ddp; do
+        [ -n "${DDP_UNTIL:-}" ] && [ "$(date +%s)" -ge "$DDP_UNTIL" ] && break 2   # a deadline (seconds since 1970)
         extra=(); [ $mode = ddp ] && extra=(--nproc 1 trainer.parallelism=ddp)   # auto would pick none at size 1
         echo "== ddp-check mode=$mode seed=$s"
         hasten train cifar10-fast $DATA trainer.seed=$s trainer.run_dir=$W/ddp-$mode-$s --no-progress "${extra[@]}" 2>&1 \

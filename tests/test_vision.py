@@ -202,11 +202,31 @@ def test_patch_whitening_bias_trains_for_the_stated_time_only():
         def batch_end(self, state, logger):
             seen.append(model.whiten.bias.detach().clone())
 
+    # momentum and weight decay would keep moving a bias whose gradient were only zeroed
     Trainer(model, L, max_duration="3ep", device="cpu", callbacks=[Watch()],
-            optimizers=lambda m: torch.optim.SGD([p for p in m.parameters() if p.requires_grad], lr=0.1),
+            optimizers=lambda m: torch.optim.SGD([p for p in m.parameters() if p.requires_grad], lr=0.1,
+                                                 momentum=0.9, weight_decay=1e-2),
             algorithms=[PatchWhitening(num_images=64, train_bias_for="1ep")]).fit()
     moved = [not torch.equal(a, b) for a, b in zip(seen, seen[1:])]
     assert len(seen) == 12 and all(moved[:3]) and not any(moved[3:])   # 4 batches an epoch
+    assert model.whiten.bias.requires_grad   # stopped by dropping its gradient: the graph keeps its shape
+
+
+@pytest.mark.slow
+def test_a_compiled_speedrun_with_a_stopping_whitening_bias_and_partial_tta_compiles_nothing_when_timed():
+    """The whitening bias stopping part-way and test-time augmentation of the least sure images
+    (a batch of another size) are both compiled in the warm-up, not inside timed training."""
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randint(0, 256, (48, 16, 16, 3), dtype=torch.uint8, generator=g), torch.arange(48) % 10
+    train = DeviceLoader(x, y, 16, mean=(128,) * 3, std=(64,) * 3, drop_last=True)
+    evals = DeviceLoader(x[:20], y[:20], 16, mean=(128,) * 3, std=(64,) * 3)   # 16, then 4
+    torch.manual_seed(0)
+    t = Trainer(SpeedrunNet(widths=(8, 8, 8)), train, eval_dataloader=evals, max_duration="4ep",
+                eval_interval="2ep", compile=True, device="cpu",
+                algorithms=[PatchWhitening(num_images=32, train_bias_for="1ep"), ChannelsLast(),
+                            TTA(flip=True, translate=1, final_only=False, fraction=0.3)])
+    t.fit(summary=False)
+    assert t.state.compile_graphs_after_warmup == 0
 
 
 def test_tta_averages_the_views():

@@ -362,8 +362,9 @@ class Trainer:
         take (Algorithm.batch_variants: resized images, shorter sequences, each then passed
         through the other algorithms' AFTER_DATALOADER work; the batch itself where no algorithm
         changes its shape), the same again cut to the size of the epoch's last batch where the
-        loader keeps a smaller one, and one evaluation-mode forward on an evaluation batch and on
-        one of the evaluation loader's last size, all undone (gradients, logged losses, buffers,
+        loader keeps a smaller one, and the evaluation-mode forwards (the plain one and those an
+        algorithm adds: Algorithm.eval_forwards) on an evaluation batch and on one of the
+        evaluation loader's last size, all undone (gradients, logged losses, buffers,
         random state), so that compiling them falls in the first step's warm-up, not in timed
         steps. Graphs compiled after this are counted at the end of fit
         (`compile/graphs_after_warmup`, and a warning)."""
@@ -394,10 +395,12 @@ class Trainer:
                 first = next(iter(self.eval_dataloader), None)
                 if first is not None:
                     first = self.batch_fn(to_device(first, self.device))[0]
-                    forward(self._eval_model, first)
                     last = self._local_last_size(self.eval_dataloader)
-                    if last is not None and 0 < last < batch_size(first):
-                        forward(self._eval_model, cut(first, last))
+                    for inputs in [first] + ([cut(first, last)] if last is not None and 0 < last < batch_size(first) else []):
+                        forward(self._eval_model, inputs)
+                        for a in state.algorithms:   # the forwards its evaluations add (test-time augmentation)
+                            if type(a).eval_forwards is not Algorithm.eval_forwards:
+                                a.eval_forwards(state, self._eval_model, inputs)
                 state.model.train()
         del state.step_losses[n_losses:]
         snapshot.restore()

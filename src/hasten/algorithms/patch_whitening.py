@@ -84,20 +84,29 @@ def first_conv(model: nn.Module) -> nn.Conv2d:
 class PatchWhitening(Algorithm):
     """Fit the first conv (or `module`) at init; `freeze` keeps its filters fixed afterwards;
     `train_bias_for` (a typed time such as '3ep' or '0.3dur') stops training its bias after
-    that much of the run (None: the bias trains throughout)."""
+    that much of the run (None: the bias trains throughout).
+
+    The bias stops training by losing its gradient after every backward pass from then on (the
+    optimizer skips a parameter without one: no update, no momentum, no weight decay), not by
+    `requires_grad_(False)`: the graph keeps its shape, so a compiled model compiles nothing
+    new when the bias stops (a change of requires_grad is a guard that recompiles every shape)
+    and DDP's wrapper sees the same parameters used at every step (no search for unused ones).
+    The cost is the bias's gradient, one sum over the first layer's output gradient."""
     def __init__(self, num_images: int = 5000, eps: float = 5e-4, module: str | None = None, freeze: bool = True,
                  train_bias_for: str | None = None):
         self.num_images, self.eps, self.module, self.freeze = num_images, eps, module, freeze
         self.train_bias_for = Time.parse(train_bias_for) if train_bias_for is not None else None
         self._conv: nn.Conv2d | None = None
+        self.bias_stopped = False
 
     def batch_start(self, state, logger):
-        if (self.train_bias_for is not None and self._conv is not None and self._conv.bias.requires_grad
+        if (self.train_bias_for is not None and not self.bias_stopped and self._conv is not None
                 and state.progress >= state.fraction_of(self.train_bias_for)):
-            self._conv.bias.requires_grad_(False)
+            self.bias_stopped = True   # from the run's progress: a resumed run stops it again at its first batch
+
+    def after_backward(self, state, logger):
+        if self.bias_stopped:
             self._conv.bias.grad = None
-            if state.trainable_changed is not None:   # under DDP: a wrapper without the bias, so that DDP
-                state.trainable_changed()             # needs no search for unused parameters at any step
 
     def init(self, state, logger):
         t0 = time.perf_counter()

@@ -99,6 +99,9 @@ class TTA(Algorithm):
         state.forward_model = _TTAModel(self._saved, self.flip, self.translate, self.fraction)
         self._t0 = time.perf_counter()
 
+    def eval_forwards(self, state, model, inputs):
+        tta_logits(model, inputs, self.flip, self.translate, self.fraction)   # its views' shapes (compiled runs)
+
     def eval_end(self, state, logger):
         if self._saved is not None:
             state.forward_model, self._saved = self._saved, None

@@ -64,6 +64,12 @@ class Algorithm:
         default: none (the batch keeps its shape)."""
         return []
 
+    def eval_forwards(self, state, model, inputs) -> None:
+        """The forward passes of `model` that this algorithm's evaluations will make of the
+        evaluation inputs `inputs` beyond the plain one (test-time augmentation's views of a
+        subset). A compiled run makes them in its warm-up, under inference mode, so that their
+        shapes compile before its clock starts; the default: none."""
+
     def ddp_refusal(self) -> str | None:
         """Why this algorithm (with these arguments) cannot run under data parallelism yet, or
         None when it can. The Trainer refuses it at start, with the reason, under DDP."""

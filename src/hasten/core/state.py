@@ -72,8 +72,6 @@ class State:
     stop_reason: str | None = None
     extra: dict = field(default_factory=dict)  # room for users' own algorithms to share data (hasten's use none)
     compile_graphs_after_warmup: int | None = None   # compiled runs: graphs compiled inside timed training
-    trainable_changed: Callable | None = None   # call after parameters stop (or start) needing gradients: under
-                                                # DDP the wrapper is rebuilt for the new set (hasten.distributed.prepare)
     device: InitVar[Any] = None        # instead of runtime: a State built by hand
     precision: InitVar[str | None] = None
     seed: InitVar[int | None] = None

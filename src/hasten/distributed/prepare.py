@@ -91,15 +91,7 @@ def prepare(state, engine, parallel: ParallelOptions, optimizers: Any = None, sc
         options = {k: v for a in state.algorithms for k, v in a.ddp_options().items()}
         ids = [device.index] if device.type == "cuda" else None
         ddp = DistributedDataParallel(model, device_ids=ids, **options)
-        box = {"ddp": ddp}
-        grad_sync = lambda sync: setattr(box["ddp"], "require_backward_grad_sync", sync)   # noqa: E731  what no_sync() sets
-
-        def rewrap() -> None:
-            """A new wrapper for the parameters that need gradients now (one parameter broadcast):
-            DDP needs no search for unused parameters when none is unused."""
-            box["ddp"] = DistributedDataParallel(model, device_ids=ids, **options)
-            state.forward_model = box["ddp"] if not compile else torch.compile(box["ddp"], **_compile_options(compile))
-        state.trainable_changed = rewrap
+        grad_sync = lambda sync: setattr(ddp, "require_backward_grad_sync", sync)   # noqa: E731  what no_sync() sets
     forward_model = (ddp or model) if not compile else torch.compile(ddp or model, **_compile_options(compile))
     state.forward_model = forward_model
     # DDP: evaluate the module inside (no collectives in evaluation); FSDP: the sharded model
