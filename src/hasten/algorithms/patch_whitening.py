@@ -46,8 +46,10 @@ def fit_patch_whitening(conv: nn.Conv2d, images: torch.Tensor, eps: float = 5e-4
         raise ValueError(f"a whitening conv on {conv.in_channels} channels with kernel {k} needs "
                          f"{want} output channels (negate={negate}); it has {conv.out_channels}")
     mean, cov = patch_covariance(images, k)
-    evals, evecs = torch.linalg.eigh(cov.double())
-    filters = (evecs.T / torch.sqrt(evals.clamp_min(0) + eps).unsqueeze(1)).float()   # (d, d): rows are filters
+    # a d x d eigendecomposition (d = 12 for 2x2 RGB patches) on the CPU: on a GPU the solver's
+    # first call in a process costs far more than the work (library set-up)
+    evals, evecs = torch.linalg.eigh(cov.double().cpu())
+    filters = (evecs.T / torch.sqrt(evals.clamp_min(0) + eps).unsqueeze(1)).float().to(cov.device)   # rows: filters
     bias = -(filters @ mean)
     if negate:
         filters, bias = torch.cat([filters, -filters]), torch.cat([bias, -bias])
