@@ -77,6 +77,8 @@ def main(argv=None) -> int:
     ap.add_argument("--name", default=None, help="results name (default cifar10-fast-cpu-vs-PEER)")
     ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                     help="cuda: the peer compiled, all its seeds in one process after one warm-up run")
+    ap.add_argument("--report-only", action="store_true",
+                    help="run nothing: the table from the runs already recorded under --name")
     args = ap.parse_args(argv)
 
     args.name = args.name or f"cifar10-fast-cpu-vs-{args.peer}"
@@ -87,7 +89,9 @@ def main(argv=None) -> int:
     env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
     if args.peer_malloc == "hasten":
         env.update(HASTEN_MALLOC)
-    if args.device == "cuda":   # one process, one warm-up (compilation) for all the peer's missing seeds
+    if args.report_only:
+        args.seeds = args.peer_seeds = 0
+    if args.device == "cuda" and args.peer_seeds:   # one process, one warm-up (compilation) for all the peer's missing seeds
         done = {r["seed"] for r in _read_jsonl(peer_log)}
         missing = [i for i in range(args.peer_seeds) if i not in done]
         if missing:
@@ -144,7 +148,9 @@ def main(argv=None) -> int:
           f"hasten's report: [bench/{args.name}/report.md](bench/{args.name}/report.md); "
           f"peer runs: [bench/{args.name}/peer.jsonl](bench/{args.name}/peer.jsonl). hasten's runs ran at commit "
           f"{', '.join(sorted({((r.get('final') or {}).get('code') or {}).get('commit', '?')[:7] for r in ours}))}; the table is "
-          "computed from the records by the command below.\n")
+          "computed from the records by the command below"
+          + (" (`--report-only`: rendered where the command ran, from runs made on the machine the records name)"
+             if args.report_only else "") + ".\n")
     j, m = write_results(args.name, data, md)
     print(m.read_text())
     return 0

@@ -7,7 +7,7 @@
 # checkpoint, a resume and the whole export), `lm` (nanoGPT's GPU Tiny Shakespeare config),
 # `cards-a`, `cards-b` (method cards on the cifar10-narrow proxy), `peer` (compiled cifar10-fast
 # against the compiled airbench94_muon peer, 3 seeds each), `eager` (uncompiled cifar10-fast
-# against the same peer runs), `float8` (a GPT in bf16 against float8, benchmarks/float8_gpt.py).
+# against the same peer runs), `peer8` (8 epochs, no resizing, against them), `float8` (a GPT in bf16 against float8, benchmarks/float8_gpt.py).
 #   bash benchmarks/gpu_session.sh bench ddp fsdp
 # The CIFAR zip (about 60 MiB) does not fit beside the working tree in a 64 MiB transfer: on the
 # home machine `bash benchmarks/gpu_session.sh pack` writes it as one solid tar.xz of about
@@ -43,7 +43,7 @@ for part in "$@"; do
     [ -f .data/cifar10-jpeg.zip ] || python3 benchmarks/gpu_data.py unpack .gpudata/cifar.tar.xz .data/cifar10-jpeg.zip
     ls -la .data
     if ls .gpudata/*.whl >/dev/null 2>&1; then
-      python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .gpudata/*.whl \
+      python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .gpudata/*.whl \
         && export PYTHONPATH=$PYTHONPATH:/tmp/site
     fi
     python3 -c 'import torchao; print("torchao", torchao.__version__)' 2>&1 | tail -1
@@ -59,6 +59,13 @@ for part in "$@"; do
     mkdir -p benchmarks/results/bench/$E; cp benchmarks/results/bench/$N/peer.jsonl benchmarks/results/bench/$E/ 2>/dev/null
     timeout ${EAGER_CAP:-90} python3 benchmarks/cifar10_cpu_vs_peer.py --device cuda --data .data/cifar10-jpeg.zip \
       --seeds 3 --peer-seeds 3 --recipe cifar10-fast --name $E
+    mkdir -p "$W/results"; cp -r benchmarks/results/bench/$E benchmarks/results/$E.* "$W/results/" 2>/dev/null
+    ;;
+  peer8)  # the GPU candidate: cifar10-fast for 8 epochs without progressive resizing, eager, against the same peer runs
+    N=cifar10-fast-compiled-vs-muon-$TAG; E=cifar10-fast-8ep-vs-muon-$TAG
+    mkdir -p benchmarks/results/bench/$E; cp benchmarks/results/bench/$N/peer.jsonl benchmarks/results/bench/$E/ 2>/dev/null
+    timeout ${EAGER_CAP:-90} python3 benchmarks/cifar10_cpu_vs_peer.py --device cuda --data .data/cifar10-jpeg.zip \
+      --seeds 3 --peer-seeds 3 --recipe cifar10-fast+trainer.max_duration=8ep+algorithms.progressive_resizing=null --name $E
     mkdir -p "$W/results"; cp -r benchmarks/results/bench/$E benchmarks/results/$E.* "$W/results/" 2>/dev/null
     ;;
   float8) # a GPT in bf16 against float8 (tensorwise, rowwise): throughput, memory, the loss over the same steps
