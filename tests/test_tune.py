@@ -124,7 +124,7 @@ def test_an_arithmetic_option_the_guard_cannot_check_is_not_handed_over(monkeypa
     """A tune whose budget ran out before the quality guard: compilation was the stage's winner,
     and the tuned recipe goes back to the recipe's own setting, said in the table."""
     tuner = Tuner.__new__(Tuner)
-    tuner.recipe, tuner.guard_steps = load_recipe(str(TINY)), 150
+    tuner.recipe, tuner.guard_steps, tuner.trial_parts = load_recipe(str(TINY)), 150, []
     monkeypatch.setattr(Tuner, "trial_cost", lambda self: 10.0)
     monkeypatch.setattr(Tuner, "left_s", lambda self: 5.0)
     fixed = ["trainer.compile=true", "trainer.threads=2"]
@@ -206,3 +206,14 @@ def test_when_the_guard_cannot_fit_only_the_stages_that_change_the_arithmetic_ar
     assert {"channels_last", "loader", "threads"} <= set(searched)
     assert result["tuned_overrides"] == [] or not any("precision" in o or "compile" in o
                                                       for o in result["tuned_overrides"])
+
+
+def test_the_guard_cost_is_start_up_plus_its_steps_at_the_measured_step_time():
+    """A recipe of slow steps: three guard runs of 150 steps at 2 s a step cost about 900 s plus
+    their start-ups, far more than three 11-step trials' wall time would suggest."""
+    tuner = Tuner.__new__(Tuner)
+    tuner.guard_steps, tuner.rounds, tuner.spent_per_trial = 150, 2, [27.0, 27.0]
+    tuner.trial_parts = [(5.0, 2.0), (5.0, 2.0)]   # 11 steps at 2 s, 5 s of start-up each
+    assert tuner._guard_cost() == 3 * (5.0 + 150 * 2.0)
+    tuner.trial_parts = []
+    assert tuner._guard_cost() == 3 * 27.0 * 5   # before any step is measured: the old guess

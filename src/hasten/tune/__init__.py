@@ -186,6 +186,7 @@ class Tuner:
         self.min_gain = min_gain
         self.t0 = time.perf_counter()
         self.spent_per_trial: list[float] = []
+        self.trial_parts: list[tuple[float, float]] = []   # per trial: (start-up s, median step s)
 
     # ------------------------------------------------------------------ trials
     def run_trial(self, overrides: list[str], label: str, seed: int = 0, max_steps: int | None = None,
@@ -207,6 +208,10 @@ class Tuner:
                 result = {"label": label, "status": "failed", "reason": f"the trial process ended ({proc.returncode}): "
                                                                        f"{tail[0][:200]}"}
         result["warmup"] = self.warmup
+        times = result.get("times") or []
+        if result.get("status") == "ok" and len(times) > self.warmup:
+            self.trial_parts.append((max(0.0, self.spent_per_trial[-1] - sum(times)),
+                                     statistics.median(times[self.warmup:])))
         return result
 
     def left_s(self) -> float:
@@ -390,8 +395,15 @@ class Tuner:
         return out
 
     def _guard_cost(self) -> float:
-        """Seconds the quality guard's three runs are expected to take."""
-        return 3 * self.trial_cost() * max(1.0, self.guard_steps / 30)
+        """Seconds the quality guard's three runs of guard_steps steps are expected to take: each
+        a trial's start-up (its wall time less its steps) plus guard_steps steps at the step time
+        of the first trials measured (the recipe as written), medians over those trials; before
+        any trial, a guess of 30 s per 30 steps."""
+        if not self.trial_parts:
+            return 3 * self.trial_cost() * max(1.0, self.guard_steps / 30)
+        first = self.trial_parts[:self.rounds]
+        startup = statistics.median(t for t, _ in self.trial_parts)
+        return 3 * (startup + self.guard_steps * statistics.median(st for _, st in first))
 
     @staticmethod
     def _exclude(stages: list[str], fixed: list[str], decisions: dict, table: list[dict], why: str) -> None:
