@@ -47,6 +47,7 @@ class BenchRecorder(Callback):
     def eval_start(self, state, logger):
         _sync(state)   # the Trainer ended the training segment the same way: this finds nothing queued
         self._t_eval = time.perf_counter()
+        self._method_at_eval = state.method_seconds   # callbacks see an event after the algorithms
 
     def eval_end(self, state, logger):
         _sync(state)
@@ -55,7 +56,10 @@ class BenchRecorder(Callback):
         ts = state.timestamp
         self._write({"kind": "eval", "train_s": ts.train_seconds, "batch": ts.batch, "sample": ts.sample,
                      "token": ts.token, "eval_s": dt, "metrics": dict(state.eval_metrics),
-                     "method_setup_s": state.method_seconds})
+                     "method_setup_s": state.method_seconds,
+                     # method time counted inside this evaluation (test-time augmentation's): already in
+                     # method_setup_s, so in timed work, though it is evaluation time too
+                     "eval_method_s": state.method_seconds - self._method_at_eval})
 
     def warmup_s(self, state) -> float:
         """Extra time of the first batch over the mean of the others (compile, allocator warm-up)."""
