@@ -1,4 +1,5 @@
 """The runtime: resolved once, before the model; read by the task, the optimizers and the Trainer."""
+import io
 import pytest
 import torch
 import torch.nn as nn
@@ -114,21 +115,12 @@ def test_timed_segments_end_with_the_device_work_done(monkeypatch):
 
     model.register_forward_hook(step_cost)
     rt = FakeDeviceRuntime(torch.device("cpu"), "fp32", 0, 1, "default")
-    lines = []
-
-    class Out:
-        def write(self, s):
-            lines.append(s)
-
-        def flush(self):
-            pass
-
-    rec = BenchRecorder(Out())
+    out = io.StringIO()   # the record file
     tr = Trainer(model, loader(n=48, batch_size=8), runtime=rt, max_duration="6ba", log_interval="3ba",
-                 eval_interval="3ba", eval_dataloader=loader(n=16, batch_size=8), callbacks=[rec])
+                 eval_interval="3ba", eval_dataloader=loader(n=16, batch_size=8), callbacks=[BenchRecorder(out)])
     tr.fit()
     import json
-    rows = [json.loads(s) for s in lines]
+    rows = [json.loads(s) for s in out.getvalue().splitlines()]
     progress = [r["train_s"] for r in rows if r["kind"] == "progress"]
     evals = [(r["train_s"], r["eval_s"]) for r in rows if r["kind"] == "eval"]
     assert progress == [13.0, 26.0]                  # 3 steps of 1 s + the 10 s queued, twice

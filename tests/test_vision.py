@@ -400,24 +400,17 @@ def test_a_compiled_run_with_smaller_last_batches_compiles_nothing_inside_timed_
 def test_bench_records_say_which_evaluation_seconds_a_method_counted():
     """Test-time augmentation counts its evaluation as method time (hence timed work); the bench
     record of that evaluation says how much (eval_method_s), so that it is not counted twice."""
+    import io
     import json
     from hasten.bench.recording import BenchRecorder
-    lines = []
-
-    class Out:
-        def write(self, s):
-            lines.append(s)
-
-        def flush(self):
-            pass
-
+    out = io.StringIO()   # the record file
     torch.manual_seed(0)
     model = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(4, 3))
     data = [(_images(8), torch.randint(0, 3, (8,))) for _ in range(4)]
     t = Trainer(model, data, eval_dataloader=data[:2], max_duration="4ba", eval_interval="2ba", device="cpu",
-                algorithms=[TTA(flip=True, translate=1)], callbacks=[BenchRecorder(Out())])
+                algorithms=[TTA(flip=True, translate=1)], callbacks=[BenchRecorder(out)])
     t.fit(summary=False)
-    evals = [json.loads(s) for s in lines if json.loads(s)["kind"] == "eval"]
+    evals = [r for r in map(json.loads, out.getvalue().splitlines()) if r["kind"] == "eval"]
     assert [e["batch"] for e in evals] == [2, 4]
     assert evals[0]["eval_method_s"] == 0.0                        # TTA only at the final evaluation
     final = evals[-1]
