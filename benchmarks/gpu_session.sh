@@ -26,6 +26,16 @@ python3 -c 'import torch; print("torch", torch.__version__, torch.cuda.get_devic
 git rev-parse --short HEAD 2>/dev/null || cat .gpudata/COMMIT 2>/dev/null
 TAG=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | grep -oiE 'h100|h200|a100|l40s|l4' | head -1 | tr A-Z a-z)
 TAG=${TAG:-gpu}
+PEER=cifar10-fast-compiled-vs-muon-$TAG   # the comparison whose peer runs the others reuse
+
+vs_peer() {   # NAME RECIPE CAP: RECIPE against the compiled peer (its runs copied from $PEER, not rerun)
+  if [ "$1" != "$PEER" ]; then
+    mkdir -p benchmarks/results/bench/$1; cp benchmarks/results/bench/$PEER/peer.jsonl benchmarks/results/bench/$1/ 2>/dev/null
+  fi
+  timeout $3 python3 benchmarks/cifar10_cpu_vs_peer.py --device cuda --data .data/cifar10-jpeg.zip \
+    --seeds 3 --peer-seeds 3 --recipe "$2" --name $1
+  mkdir -p "$W/results"; cp -r benchmarks/results/bench/$1 benchmarks/results/$1.* "$W/results/" 2>/dev/null
+}
 
 for part in "$@"; do
   case $part in
@@ -49,24 +59,13 @@ for part in "$@"; do
     python3 -c 'import torchao; print("torchao", torchao.__version__)' 2>&1 | tail -1
     ;;
   peer)   # compiled cifar10-fast against the compiled airbench94_muon peer, 3 seeds each
-    N=cifar10-fast-compiled-vs-muon-$TAG
-    timeout ${PEER_CAP:-300} python3 benchmarks/cifar10_cpu_vs_peer.py --device cuda --data .data/cifar10-jpeg.zip \
-      --seeds 3 --peer-seeds 3 --recipe cifar10-fast+trainer.compile=true --name $N
-    mkdir -p "$W/results"; cp -r benchmarks/results/bench/$N benchmarks/results/$N.* "$W/results/" 2>/dev/null
+    vs_peer $PEER cifar10-fast+trainer.compile=true ${PEER_CAP:-300}
     ;;
-  eager)  # uncompiled cifar10-fast against the same peer runs (the peer's log copied, not rerun)
-    N=cifar10-fast-compiled-vs-muon-$TAG; E=cifar10-fast-eager-vs-muon-$TAG
-    mkdir -p benchmarks/results/bench/$E; cp benchmarks/results/bench/$N/peer.jsonl benchmarks/results/bench/$E/ 2>/dev/null
-    timeout ${EAGER_CAP:-90} python3 benchmarks/cifar10_cpu_vs_peer.py --device cuda --data .data/cifar10-jpeg.zip \
-      --seeds 3 --peer-seeds 3 --recipe cifar10-fast --name $E
-    mkdir -p "$W/results"; cp -r benchmarks/results/bench/$E benchmarks/results/$E.* "$W/results/" 2>/dev/null
+  eager)  # uncompiled cifar10-fast against the same peer runs
+    vs_peer cifar10-fast-eager-vs-muon-$TAG cifar10-fast ${EAGER_CAP:-90}
     ;;
   peer8)  # the GPU candidate: cifar10-fast for 8 epochs without progressive resizing, eager, against the same peer runs
-    N=cifar10-fast-compiled-vs-muon-$TAG; E=cifar10-fast-8ep-vs-muon-$TAG
-    mkdir -p benchmarks/results/bench/$E; cp benchmarks/results/bench/$N/peer.jsonl benchmarks/results/bench/$E/ 2>/dev/null
-    timeout ${EAGER_CAP:-90} python3 benchmarks/cifar10_cpu_vs_peer.py --device cuda --data .data/cifar10-jpeg.zip \
-      --seeds 3 --peer-seeds 3 --recipe cifar10-fast+trainer.max_duration=8ep+algorithms.progressive_resizing=null --name $E
-    mkdir -p "$W/results"; cp -r benchmarks/results/bench/$E benchmarks/results/$E.* "$W/results/" 2>/dev/null
+    vs_peer cifar10-fast-8ep-vs-muon-$TAG cifar10-fast+trainer.max_duration=8ep+algorithms.progressive_resizing=null ${EAGER_CAP:-90}
     ;;
   float8) # a GPT in bf16 against float8 (tensorwise, rowwise): throughput, memory, the loss over the same steps
     timeout ${FLOAT8_CAP:-170} python3 benchmarks/float8_gpt.py --device cuda --sizes 24x1024,12x768 --steps 60 \
