@@ -20,7 +20,8 @@ from pathlib import Path
 
 def pack(zip_path: str, tar_path: str) -> None:
     Path(tar_path).parent.mkdir(parents=True, exist_ok=True)
-    with zipfile.ZipFile(zip_path) as z, tarfile.open(tar_path, "w:xz", preset=9 | lzma.PRESET_EXTREME) as t:
+    tmp = Path(tar_path).with_suffix(".xz.partial")
+    with zipfile.ZipFile(zip_path) as z, tarfile.open(tmp, "w:xz", preset=9 | lzma.PRESET_EXTREME) as t:
         for info in z.infolist():
             if info.is_dir():
                 continue
@@ -28,6 +29,7 @@ def pack(zip_path: str, tar_path: str) -> None:
             member = tarfile.TarInfo(info.filename)
             member.size = len(data)
             t.addfile(member, io.BytesIO(data))
+    tmp.replace(tar_path)
 
 
 def unpack(tar_path: str, zip_path: str) -> None:
@@ -45,7 +47,11 @@ def main(argv=None) -> int:
     if len(argv) != 3 or argv[0] not in ("pack", "unpack"):
         print("usage: gpu_data.py pack ZIP TAR_XZ | unpack TAR_XZ ZIP", file=sys.stderr)
         return 2
-    (pack if argv[0] == "pack" else unpack)(argv[1], argv[2])
+    try:
+        (pack if argv[0] == "pack" else unpack)(argv[1], argv[2])
+    except (OSError, tarfile.TarError, zipfile.BadZipFile) as e:
+        print(f"gpu_data.py {argv[0]}: {argv[1]}: {e}", file=sys.stderr)
+        return 1
     return 0
 
 
