@@ -209,7 +209,29 @@ def test_patch_whitening_bias_trains_for_the_stated_time_only():
             algorithms=[PatchWhitening(num_images=64, train_bias_for="1ep")]).fit()
     moved = [not torch.equal(a, b) for a, b in zip(seen, seen[1:])]
     assert len(seen) == 12 and all(moved[:3]) and not any(moved[3:])   # 4 batches an epoch
-    assert model.whiten.bias.requires_grad   # stopped by dropping its gradient: the graph keeps its shape
+    assert not model.whiten.bias.requires_grad   # eager, one process: the backward ends at the first group
+
+
+def test_patch_whitening_bias_stops_the_same_whether_the_graph_keeps_its_shape_or_not(monkeypatch):
+    """Compiled or distributed runs stop the bias by dropping its gradient (requires_grad stays);
+    eager ones by requires_grad_(False). Every other parameter gets the same updates either way."""
+    g = torch.Generator().manual_seed(1)
+    x, y = torch.randint(0, 256, (64, 16, 16, 3), dtype=torch.uint8, generator=g), torch.arange(64) % 10
+
+    def run(keep_graph: bool):
+        monkeypatch.setattr(PatchWhitening, "keeps_graph", staticmethod(lambda state: keep_graph))
+        torch.manual_seed(0)
+        model = SpeedrunNet(widths=(8, 8, 8))
+        Trainer(model, DeviceLoader(x, y, 16, mean=(128,) * 3, std=(64,) * 3), max_duration="2ep", device="cpu",
+                optimizers=lambda m: torch.optim.SGD([p for p in m.parameters() if p.requires_grad], lr=0.1,
+                                                     momentum=0.9, weight_decay=1e-2),
+                algorithms=[PatchWhitening(num_images=64, train_bias_for="1ep")]).fit(summary=False)
+        return model
+
+    kept, eager = run(True), run(False)
+    assert kept.whiten.bias.requires_grad and not eager.whiten.bias.requires_grad
+    for (name, a), b in zip(kept.state_dict().items(), eager.state_dict().values()):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6, msg=name)
 
 
 @pytest.mark.slow

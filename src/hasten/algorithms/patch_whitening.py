@@ -88,12 +88,18 @@ class PatchWhitening(Algorithm):
     `train_bias_for` (a typed time such as '3ep' or '0.3dur') stops training its bias after
     that much of the run (None: the bias trains throughout).
 
-    The bias stops training by losing its gradient after every backward pass from then on (the
-    optimizer skips a parameter without one: no update, no momentum, no weight decay), not by
-    `requires_grad_(False)`: the graph keeps its shape, so a compiled model compiles nothing
-    new when the bias stops (a change of requires_grad is a guard that recompiles every shape)
-    and DDP's wrapper sees the same parameters used at every step (no search for unused ones).
-    The cost is the bias's gradient, one sum over the first layer's output gradient."""
+    How the bias stops depends on what runs the forward pass:
+    - the model itself, in one process (eager): `requires_grad_(False)`. The backward pass then
+      ends at the first conv group: no gradient for that conv's input, the stem's activation
+      or the bias (on a 2-core CPU the speedrun net's bf16 step at 32 px took 1.88 s instead of
+      2.15 s, `benchmarks/whiten_bias_stop.py`).
+    - a compiled model, or one wrapped for DDP or sharded by FSDP: the bias loses its gradient
+      after every backward pass (the optimizer skips a parameter without one: no update, no
+      momentum, no weight decay) and keeps `requires_grad`. The graph keeps its shape, so a
+      compiled model compiles nothing new when the bias stops (a change of requires_grad is a
+      guard that recompiles every shape) and DDP's wrapper sees the same parameters used at
+      every step (no search for unused ones). The price is the backward work above.
+    Both give the same updates to every other parameter."""
     def __init__(self, num_images: int = 5000, eps: float = 5e-4, module: str | None = None, freeze: bool = True,
                  train_bias_for: str | None = None):
         self.num_images, self.eps, self.module, self.freeze = num_images, eps, module, freeze
@@ -105,6 +111,17 @@ class PatchWhitening(Algorithm):
         if (self.train_bias_for is not None and not self.bias_stopped and self._conv is not None
                 and state.progress >= state.fraction_of(self.train_bias_for)):
             self.bias_stopped = True   # from the run's progress: a resumed run stops it again at its first batch
+            if not self.keeps_graph(state):
+                self._conv.bias.requires_grad_(False)
+                self._conv.bias.grad = None
+
+    @staticmethod
+    def keeps_graph(state) -> bool:
+        """Whether the bias must stop without changing requires_grad: the forward pass is
+        compiled or distributed (DDP, FSDP), where that change recompiles or breaks the wrapper."""
+        world = state.runtime.world if state.runtime is not None else None
+        eager = state.forward_model is None or state.forward_model is state.model
+        return not eager or (world is not None and (world.size > 1 or world.parallelism != "none"))
 
     def after_backward(self, state, logger):
         if self.bias_stopped:
