@@ -91,8 +91,8 @@ class PatchWhitening(Algorithm):
     How the bias stops depends on what runs the forward pass:
     - the model itself, in one process (eager): `requires_grad_(False)`. The backward pass then
       ends at the first conv group: no gradient for that conv's input, the stem's activation
-      or the bias (on a 2-core CPU the speedrun net's bf16 step at 32 px took 1.88 s instead of
-      2.15 s, `benchmarks/whiten_bias_stop.py`).
+      or the bias (on a 2-core CPU the speedrun net's bf16 step at batch 2000 took 3% less
+      time at 32 px and 8% less at 24 px, `benchmarks/whiten_bias_stop.py`).
     - a compiled model, or one wrapped for DDP or sharded by FSDP: the bias loses its gradient
       after every backward pass (the optimizer skips a parameter without one: no update, no
       momentum, no weight decay) and keeps `requires_grad`. The graph keeps its shape, so a
