@@ -272,3 +272,14 @@ def test_combined_optimizer_steps_exactly_as_its_parts():
         assert torch.equal(p, q)
     combined.load_state_dict(combined.state_dict())
     assert {g["lr"] for g in combined.param_groups} == {0.02 * 0.125, 1e-3 * 0.125}
+
+
+def test_a_host_loop_marks_its_state_so_patch_whitening_keeps_the_graph():
+    """Lightning or the HF Trainer may compile or wrap the model out of hasten's sight: patch
+    whitening's bias must stop by dropping its gradient there, never by flipping requires_grad."""
+    from hasten.algorithms import PatchWhitening
+    from hasten.integrations.host import HostLoop
+    from hasten.models import SpeedrunNet
+    loop = HostLoop([ChannelsLast()], "Lightning")
+    loop.setup(SpeedrunNet(widths=(8, 8, 8)))
+    assert loop.state.host == "Lightning" and PatchWhitening.keeps_graph(loop.state)

@@ -232,6 +232,14 @@ def test_patch_whitening_bias_stops_the_same_whether_the_graph_keeps_its_shape_o
     assert kept.whiten.bias.requires_grad and not eager.whiten.bias.requires_grad
     for (name, a), b in zip(kept.state_dict().items(), eager.state_dict().values()):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6, msg=name)
+    monkeypatch.undo()
+    # which way a run takes: only hasten's Trainer running the model itself, in one process, flips requires_grad
+    state = Trainer(SpeedrunNet(widths=(8, 8, 8)), DeviceLoader(x, y, 16), max_duration="1ba", device="cpu").state
+    assert not PatchWhitening.keeps_graph(state)
+    state.forward_model = nn.Sequential(state.model)            # a compiled or wrapped form of it
+    assert PatchWhitening.keeps_graph(state)
+    state.forward_model, state.host = state.model, "lightning"  # another trainer's loop may compile or wrap it
+    assert PatchWhitening.keeps_graph(state)
 
 
 @pytest.mark.slow

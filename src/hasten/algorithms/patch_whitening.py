@@ -89,11 +89,13 @@ class PatchWhitening(Algorithm):
     that much of the run (None: the bias trains throughout).
 
     How the bias stops depends on what runs the forward pass:
-    - the model itself, in one process (eager): `requires_grad_(False)`. The backward pass then
-      ends at the first conv group: no gradient for that conv's input, the stem's activation
-      or the bias (on a 2-core CPU the speedrun net's bf16 step at batch 2000 took 3% less
-      time at 32 px and 8% less at 24 px, `benchmarks/whiten_bias_stop.py`).
-    - a compiled model, or one wrapped for DDP or sharded by FSDP: the bias loses its gradient
+    - hasten's Trainer running the model itself, uncompiled, in one process:
+      `requires_grad_(False)`. The backward pass then ends at the first conv group: no
+      gradient for that conv's input, the stem's activation or the bias (on a 2-core CPU the
+      speedrun net's bf16 step at batch 2000 took 3% less time at 32 px and 8% less at 24 px,
+      `benchmarks/whiten_bias_stop.py`).
+    - a compiled model, one wrapped for DDP or sharded by FSDP, or another trainer's loop
+      (Lightning, the HF Trainer: `state.host`): the bias loses its gradient
       after every backward pass (the optimizer skips a parameter without one: no update, no
       momentum, no weight decay) and keeps `requires_grad`. The graph keeps its shape, so a
       compiled model compiles nothing new when the bias stops (a change of requires_grad is a
@@ -117,11 +119,14 @@ class PatchWhitening(Algorithm):
 
     @staticmethod
     def keeps_graph(state) -> bool:
-        """Whether the bias must stop without changing requires_grad: the forward pass is
-        compiled or distributed (DDP, FSDP), where that change recompiles or breaks the wrapper."""
+        """Whether the bias must stop without changing requires_grad: unless hasten's Trainer runs
+        the model itself, uncompiled, in one process, the forward pass may be compiled or
+        distributed (DDP, FSDP, another trainer's loop), where that change recompiles or breaks
+        the wrapper."""
         world = state.runtime.world if state.runtime is not None else None
-        eager = state.forward_model is None or state.forward_model is state.model
-        return not eager or (world is not None and (world.size > 1 or world.parallelism != "none"))
+        alone = (world is not None and world.size == 1 and world.parallelism == "none"
+                 and not (torch.distributed.is_available() and torch.distributed.is_initialized()))
+        return not (alone and state.host is None and state.forward_model is state.model)
 
     def after_backward(self, state, logger):
         if self.bias_stopped:

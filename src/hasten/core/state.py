@@ -37,6 +37,8 @@ class State:
     microbatch_auto: bool = False # microbatch='auto': halve on out-of-memory; a resume starts from the saved size
     scaler: Any = None            # torch.amp.GradScaler for fp16-mixed
     forward_model: Any = None     # what the forward pass calls: the model, or its compiled form
+    host: str | None = None       # the trainer whose own loop drives hasten's events (Lightning, the HF
+                                  # Trainer), which may compile or wrap the model unseen; None: hasten's Trainer
     batch_fn: Callable | None = None   # batch -> (inputs, targets): the Trainer's batch contract
     autocast: Callable | None = None   # () -> the precision's autocast context, for extra forward passes
     evaluate: Callable | None = None   # () -> metrics of the model as it is now, seen by algorithms only (not

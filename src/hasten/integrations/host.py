@@ -113,7 +113,7 @@ class HostLoop:
         runtime = Runtime.of(device=torch.device(device), precision=precision, seed=self.seed)
         self.state = State(model=model, max_duration=Time(1, "ba"), runtime=runtime, algorithms=self.algorithms,
                            batch_fn=inputs_targets, autocast=runtime.autocast, evaluate=evaluate, quality=quality)
-        self.state.forward_model = model
+        self.state.forward_model, self.state.host = model, self.host
         self.engine = Engine(self.state, self.logger)
         self.engine.run(Event.INIT)
 
