@@ -124,7 +124,7 @@ class PatchWhitening(Algorithm):
         distributed (DDP, FSDP, another trainer's loop), where that change recompiles or breaks
         the wrapper."""
         world = state.runtime.world if state.runtime is not None else None
-        alone = (world is not None and world.size == 1 and world.parallelism == "none"
+        alone = (world is not None and not world.data_parallel
                  and not (torch.distributed.is_available() and torch.distributed.is_initialized()))
         return not (alone and state.host is None and state.forward_model is state.model)
 
