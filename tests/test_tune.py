@@ -217,3 +217,71 @@ def test_the_guard_cost_is_start_up_plus_its_steps_at_the_measured_step_time():
     assert tuner._guard_cost() == 3 * (5.0 + 150 * 2.0)
     tuner.trial_parts = []
     assert tuner._guard_cost() == 3 * 27.0 * 5   # before any step is measured: the old guess
+
+
+def _guard_tuner(monkeypatch, guarded, tuned_loss):
+    """A Tuner whose trials are stubbed: the references end at loss 2.0 and 2.01, the tuned run
+    at `tuned_loss`; returns the tuner and the overrides each guard run was given."""
+    tuner = Tuner.__new__(Tuner)
+    tuner.recipe, tuner.guard_steps, tuner.trial_parts = load_recipe("cifar10-narrow"), 150, []
+    tuner.guarded = guarded
+    monkeypatch.setattr(Tuner, "_guard_cost", lambda self: 1.0)
+    monkeypatch.setattr(Tuner, "left_s", lambda self: 100.0)
+    seen = []
+
+    def run_trial(self, overrides, label, seed=0, **kw):
+        seen.append((label, list(overrides)))
+        loss = tuned_loss if label == "tuned" else 2.0 + 0.01 * seed
+        return {"status": "ok", "losses": [loss] * 10}
+    monkeypatch.setattr(Tuner, "run_trial", run_trial)
+    return tuner, seen
+
+
+def _progress():
+    class P:
+        def update(self, *a, **k): pass
+        def advance(self, *a, **k): pass
+    return P()
+
+
+def test_under_batch_norm_micro_batches_are_guarded_against_the_recipes_own_batch(monkeypatch):
+    """Batch norm takes its statistics from each micro-batch, so a micro-batch changes the
+    arithmetic: the guard checks it, its references run at the recipe's own (whole) batch, and a
+    micro-batch that moves the loss is excluded, the whole batch kept."""
+    tuner, seen = _guard_tuner(monkeypatch, tune_mod.GUARDED + (tune_mod.BATCH_STATS,), tuned_loss=2.5)
+    fixed = ["trainer.precision=fp32", "trainer.threads=2", "trainer.microbatch=128"]
+    decisions = {"precision": "fp32", "threads": "2 threads", "microbatch": "micro-batches of 128"}
+    table = [{"stage": "microbatch", "option": "whole batch (256)", "chosen": False, "miss": None},
+             {"stage": "microbatch", "option": "micro-batches of 128", "chosen": True, "miss": None}]
+    guard = tuner._guard(fixed, decisions, table, _progress(), None)
+    assert guard["checked"] and not guard["passed"] and guard["options"] == ["microbatch"]
+    refs = [o for label, o in seen if label == "reference"]
+    assert len(refs) == 2 and all(not any(x.startswith("trainer.microbatch=") for x in o) for o in refs)
+    assert "trainer.microbatch=128" in dict(seen)["tuned"]
+    assert fixed == ["trainer.precision=fp32", "trainer.threads=2"]
+    assert decisions["microbatch"].startswith("excluded by the quality guard") and not table[1]["chosen"]
+
+
+def test_without_batch_norm_a_micro_batch_is_not_guarded(monkeypatch):
+    """Gradient accumulation equals one big batch where nothing normalises over the batch: no
+    guard runs for a micro-batch there."""
+    tuner, seen = _guard_tuner(monkeypatch, tune_mod.GUARDED, tuned_loss=2.5)
+    fixed = ["trainer.microbatch=128"]
+    table = [{"stage": "microbatch", "option": "micro-batches of 128", "chosen": True, "miss": None}]
+    guard = tuner._guard(fixed, {"microbatch": "micro-batches of 128"}, table, _progress(), None)
+    assert not guard["checked"] and seen == [] and fixed == ["trainer.microbatch=128"]
+
+
+def test_the_trial_worker_reports_whether_the_model_has_batch_norm(tmp_path):
+    from hasten.tune.worker import main
+    from helpers.tiny import image_zip
+    zpath = image_zip(tmp_path / "tiny.zip", train=40, test=10)
+    for recipe, overrides, expect in (("cifar10-narrow", [f"data.path={zpath}", "data.batch_size=8"], True),
+                                      (str(TINY), [], False)):
+        spec = {"label": "t", "recipe": recipe, "overrides": overrides, "run_dir": str(tmp_path / f"run-{expect}"),
+                "warmup": 1, "steps": 2, "min_seconds": 0.0, "max_steps": 3}
+        (tmp_path / "spec.json").write_text(json.dumps(spec))
+        main(str(tmp_path / "spec.json"), str(tmp_path / "out.json"))
+        out = json.loads((tmp_path / "out.json").read_text())
+        assert out["status"] == "ok", out
+        assert out["batch_norm"] is expect

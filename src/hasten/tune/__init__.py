@@ -29,14 +29,15 @@ shared machine gains under a few percent are inside run-to-run drift; they are n
 over. The tuned recipe then runs against the recipe as written, interleaved; unless it clears
 the same bar, the tune hands over the recipe as written and says so.
 
-Quality guard: an option that changes the arithmetic (precision, compilation) must keep the
-training loss over the first steps within a tolerance of the recipe's own arithmetic: the
-mean loss over the last half of `guard_steps` steps, against the spread of two reference
-runs (seeds 0 and 1) in fp32, uncompiled: |tuned - reference mean| <= max(3 x the reference
-spread, 2% of the reference). An option that fails is reported and excluded. The guard's
-runs are budgeted before the stages spend the rest; an option it could not check (the budget
-ran short, a guard run failed) is excluded too: nothing that changes the arithmetic is handed
-over unchecked.
+Quality guard: an option that changes the arithmetic (precision, compilation; micro-batches
+where the model has batch norm, whose statistics then come from each micro-batch) must keep
+the training loss over the first steps within a tolerance of the recipe's own arithmetic: the
+mean loss over the last half of `guard_steps` steps, against the spread of two reference runs
+(seeds 0 and 1) in fp32, uncompiled, at the recipe's own micro-batch: |tuned - reference mean|
+<= max(3 x the reference spread, 2% of the reference). An option that fails is reported and
+excluded. The guard's runs are budgeted before the stages spend the rest; an option it could
+not check (the budget ran short, a guard run failed) is excluded too: nothing that changes the
+arithmetic is handed over unchecked.
 
 Output (`--out`, default tune-results/RECIPE): `tune.md` (the table and the one-line
 summary), `tune.json`, `tune.png` (throughput per option with intervals), `tuned.yaml` (the
@@ -73,6 +74,8 @@ from ..hardware import cpu_flags, cpu_name
 from ..registry import TASKS
 
 GUARDED = ("precision", "compile")   # stages whose options change the arithmetic
+BATCH_STATS = "microbatch"   # changes it too where the model normalises over the batch (batch norm)
+KEYS = {"precision": "trainer.precision=", "compile": "trainer.compile=", "microbatch": "trainer.microbatch="}
 
 
 @dataclass
@@ -187,6 +190,7 @@ class Tuner:
         self.t0 = time.perf_counter()
         self.spent_per_trial: list[float] = []
         self.trial_parts: list[tuple[float, float]] = []   # per trial: (start-up s, median step s)
+        self.guarded = GUARDED   # the stages the quality guard checks (micro-batches too under batch norm)
 
     # ------------------------------------------------------------------ trials
     def run_trial(self, overrides: list[str], label: str, seed: int = 0, max_steps: int | None = None,
@@ -246,12 +250,14 @@ class Tuner:
             task = progress.add_task("", total=total)
             written = self.measure([Option("as written", "the recipe as written", [])], [], progress, task)[0]
             base_tp = throughput(written, batch)
+            if any(r.get("batch_norm") for r in written.results):   # the worker saw batch-norm layers
+                self.guarded = GUARDED + (BATCH_STATS,)
             # what the search will cost, from the trials of the recipe as written: a stage whose
             # options change the arithmetic is searched only when its quality guard fits too
             cost = self.trial_cost()
             needs = {n: len(o) * self.rounds * cost for n, o, why in plan if o and not why}
             final_cost, guard_cost = 2 * self.rounds * cost, self._guard_cost()
-            guarded = sum(v for n, v in needs.items() if n in GUARDED)
+            guarded = sum(v for n, v in needs.items() if n in self.guarded)
             arithmetic = bool(guarded) and guarded + guard_cost + final_cost <= self.left_s()
             want = math.ceil((time.perf_counter() - self.t0 + sum(needs.values()) + guard_cost + final_cost) / 60)
             for name, options, why in plan:
@@ -263,7 +269,7 @@ class Tuner:
                     continue
                 need, reserve = needs[name], final_cost + (guard_cost if arithmetic else 0.0)
                 fits = f"--budget {want}m would fit the whole search"
-                if name in GUARDED and not arithmetic:
+                if name in self.guarded and not arithmetic:
                     skip = (f"this stage and the quality guard its options need (about {guarded + guard_cost:.0f} s) "
                             f"do not fit in the budget left ({self.left_s():.0f} s); the recipe's own setting is kept "
                             f"({fits})")
@@ -358,7 +364,8 @@ class Tuner:
 
     def _guard(self, fixed: list[str], decisions: dict, table: list[dict], progress, task) -> dict:
         """The quality guard for the winners that change the arithmetic (see the module doc)."""
-        changed = [s for s in GUARDED if any(r["stage"] == s and r["chosen"] and r["option"] != _default(s, self.recipe)
+        guarded = getattr(self, "guarded", GUARDED)
+        changed = [s for s in guarded if any(r["stage"] == s and r["chosen"] and r["option"] != _default(s, self.recipe)
                                               for r in table)]
         if not changed:
             return {"checked": False, "why": "no option that changes the arithmetic was chosen"}
@@ -367,8 +374,9 @@ class Tuner:
             self._exclude(changed, fixed, decisions, table, "excluded: the quality guard could not check it")
             return {"checked": False, "why": why, "excluded": changed}
         progress.update(task, description="quality guard")
-        ref_over = [o for o in fixed if not any(o.startswith(k) for k in ("trainer.precision=", "trainer.compile="))]
-        ref_over += ["trainer.precision=fp32", "trainer.compile=false"]   # the fp32 reference, uncompiled
+        ref_over = [o for o in fixed if not any(o.startswith(KEYS[k]) for k in guarded)]
+        ref_over += ["trainer.precision=fp32", "trainer.compile=false"]   # the fp32 reference, uncompiled, at
+        # the recipe's own micro-batch
         kw = dict(max_steps=self.guard_steps, steps=self.guard_steps, min_seconds=0.0)
         refs = [self.run_trial(ref_over, "reference", seed=s, **kw) for s in (0, 1)]
         tuned = self.run_trial(fixed, "tuned", seed=0, **kw)
@@ -410,8 +418,7 @@ class Tuner:
         """Winners that change the arithmetic go back to the recipe's own settings: one the
         guard rejected, or one it could not check (never handed over unverified)."""
         for s in stages:
-            fixed[:] = [o for o in fixed if not o.startswith("trainer.precision=" if s == "precision"
-                                                              else "trainer.compile=")]
+            fixed[:] = [o for o in fixed if not o.startswith(KEYS[s])]
             decisions[s] = f"{why} (was {decisions[s]})"
             for row in table:
                 if row["stage"] == s and row["chosen"]:
@@ -435,8 +442,12 @@ def first_step_extra(trial: Trial) -> float:
 
 
 def _default(stage: str, recipe: Recipe) -> str:
+    """The label of the option that keeps the recipe's own arithmetic in a guarded stage."""
+    mb = recipe.trainer.microbatch
     return {"precision": "fp32" if recipe.trainer.precision in ("fp32", "auto") else recipe.trainer.precision,
-            "compile": "eager"}.get(stage, "")
+            "compile": "eager",
+            "microbatch": f"whole batch ({recipe.data.batch_size})" if mb is None else f"micro-batches of {mb}",
+            }.get(stage, "")
 
 
 # ---------------------------------------------------------------------------- output
