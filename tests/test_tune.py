@@ -197,12 +197,16 @@ def test_when_the_guard_cannot_fit_only_the_stages_that_change_the_arithmetic_ar
 
     def measure(self, options, fixed, progress, task):
         searched.append(options[0].stage)
-        return [_trial(o.label, [1.0, 1.01, 0.99] * 4) for o in options]
+        trials = [_trial(o.label, [1.0, 1.01, 0.99] * 4) for o in options]
+        for t in trials:   # the worker saw batch norm (the narrow speedrun net has it)
+            t.results[0]["batch_norm"] = True
+        return trials
     monkeypatch.setattr(Tuner, "measure", measure)
     result = tuner.search()
     why = {s["stage"]: s["why"] for s in result["skipped"]}
     assert "precision" not in searched and "compile" not in searched
     assert "quality guard" in why["precision"] and "--budget" in why["compile"]
+    assert "microbatch" not in searched and "quality guard" in why["microbatch"]   # batch norm: guarded too
     assert {"channels_last", "loader", "threads"} <= set(searched)
     assert result["tuned_overrides"] == [] or not any("precision" in o or "compile" in o
                                                       for o in result["tuned_overrides"])
