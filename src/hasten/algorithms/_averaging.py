@@ -20,13 +20,14 @@ from torch.optim.swa_utils import update_bn
 
 from ..core import Algorithm
 from ..distributed.tensors import local_tensors
+from ..models import has_batch_norm
 
 
 def recompute_batchnorm(state, batches: int) -> None:
     """Batch-norm statistics of the model as it is, over the first `batches` training batches of
     epoch 0 (the same batches every time), with torch's `swa_utils.update_bn`; nothing without
     batch norm or with `batches` 0 (the statistics stay as they are)."""
-    if batches <= 0 or not any(isinstance(m, torch.nn.modules.batchnorm._BatchNorm) for m in state.model.modules()):
+    if batches <= 0 or not has_batch_norm(state.model):
         return
     loader = state.train_dataloader
     it = loader.iter_epoch(0) if hasattr(loader, "iter_epoch") else iter(loader)

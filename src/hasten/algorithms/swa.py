@@ -22,6 +22,7 @@ from torch.optim.swa_utils import AveragedModel, get_swa_multi_avg_fn
 
 from ..core import as_time
 from ..distributed.tensors import local_tensors, sharded_like
+from ..models import has_batch_norm
 from ..registry import register_algorithm
 from ._averaging import WeightAverage, recompute_batchnorm
 
@@ -36,7 +37,7 @@ def apply_swa(model: torch.nn.Module, averaged: "AveragedModel | list[torch.Tens
     `swa_utils.update_bn`; the end of SWA in any loop."""
     average = list(averaged.module.parameters()) if isinstance(averaged, AveragedModel) else averaged
     torch._foreach_copy_(local_tensors(list(model.parameters())), local_tensors(average))
-    if any(isinstance(m, torch.nn.modules.batchnorm._BatchNorm) for m in model.modules()):
+    if has_batch_norm(model):
         from torch.optim.swa_utils import update_bn
         update_bn(list(batches), model, device=device)
 

@@ -19,6 +19,7 @@ from ..config import load_recipe
 from ..core import Callback
 from ..distributed.world import leave_worker
 from ..errors import HastenError, first_line
+from ..models import has_batch_norm
 
 
 class StepTimes(Callback):
@@ -66,8 +67,7 @@ def main(spec_path: str, out_path: str) -> int:
                       precision=run.trainer.state.precision, threads=torch.get_num_threads(),
                       batch=recipe.data.batch_size, microbatch=run.trainer.state.microbatch,
                       steps_per_epoch=run.trainer.state.steps_per_epoch,
-                      batch_norm=any(isinstance(m, torch.nn.modules.batchnorm._BatchNorm)
-                                     for m in run.trainer.state.model.modules()),
+                      batch_norm=has_batch_norm(run.trainer.state.model),
                       tokens_per_step=(ts.token / ts.batch) if (ts := run.trainer.state.timestamp).batch else None)
     except torch.OutOfMemoryError as e:
         result.update(status="out of memory", reason=first_line(e))
