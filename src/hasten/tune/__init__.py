@@ -176,6 +176,7 @@ def stages(recipe: Recipe) -> list[tuple[str, list[Option], str]]:
 
 
 class Tuner:
+    guarded = GUARDED   # the stages the quality guard checks; micro-batches join when the model has batch norm
     def __init__(self, recipe_arg: str, overrides: list[str], budget_s: float, out: Path, console: Console,
                  rounds: int = 2, guard_steps: int = 150, min_seconds: float = 4.0, steps: int = 8, warmup: int = 3,
                  min_gain: float = 0.05):
@@ -190,7 +191,6 @@ class Tuner:
         self.t0 = time.perf_counter()
         self.spent_per_trial: list[float] = []
         self.trial_parts: list[tuple[float, float]] = []   # per trial: (start-up s, median step s)
-        self.guarded = GUARDED   # the stages the quality guard checks (micro-batches too under batch norm)
 
     # ------------------------------------------------------------------ trials
     def run_trial(self, overrides: list[str], label: str, seed: int = 0, max_steps: int | None = None,
@@ -364,8 +364,7 @@ class Tuner:
 
     def _guard(self, fixed: list[str], decisions: dict, table: list[dict], progress, task) -> dict:
         """The quality guard for the winners that change the arithmetic (see the module doc)."""
-        guarded = getattr(self, "guarded", GUARDED)
-        changed = [s for s in guarded if any(r["stage"] == s and r["chosen"] and r["option"] != _default(s, self.recipe)
+        changed = [s for s in self.guarded if any(r["stage"] == s and r["chosen"] and r["option"] != _default(s, self.recipe)
                                               for r in table)]
         if not changed:
             return {"checked": False, "why": "no option that changes the arithmetic was chosen"}
@@ -374,9 +373,9 @@ class Tuner:
             self._exclude(changed, fixed, decisions, table, "excluded: the quality guard could not check it")
             return {"checked": False, "why": why, "excluded": changed}
         progress.update(task, description="quality guard")
-        ref_over = [o for o in fixed if not any(o.startswith(KEYS[k]) for k in guarded)]
-        ref_over += ["trainer.precision=fp32", "trainer.compile=false"]   # the fp32 reference, uncompiled, at
-        # the recipe's own micro-batch
+        # the reference: fp32, uncompiled, at the recipe's own micro-batch
+        ref_over = [o for o in fixed if not any(o.startswith(KEYS[k]) for k in self.guarded)]
+        ref_over += ["trainer.precision=fp32", "trainer.compile=false"]
         kw = dict(max_steps=self.guard_steps, steps=self.guard_steps, min_seconds=0.0)
         refs = [self.run_trial(ref_over, "reference", seed=s, **kw) for s in (0, 1)]
         tuned = self.run_trial(fixed, "tuned", seed=0, **kw)
