@@ -6,6 +6,9 @@ import functools
 import platform
 
 BF16_CPU_FLAGS = frozenset({"avx512_bf16", "amx_bf16"})
+# the features that decide which precision and which int8 kernels are fast here
+SPEED_CPU_FLAGS = frozenset({"avx2", "avx512f", "avx512_bf16", "avx512_fp16", "amx_bf16", "amx_tile",
+                             "avx512_vnni", "avx_vnni"})
 
 
 @functools.cache
@@ -19,6 +22,12 @@ def cpu_flags() -> frozenset:
     except OSError:
         pass
     return frozenset()
+
+
+def cpu_features() -> list[str]:
+    """This CPU's flags among those that decide what is fast here (SPEED_CPU_FLAGS), sorted: what
+    a measurement records so it is read against the right kind of machine."""
+    return sorted(cpu_flags() & SPEED_CPU_FLAGS)
 
 
 def cpu_name() -> str:

@@ -13,7 +13,7 @@ import torch
 
 from ..allocator import host_allocator_state
 from ..core import Callback
-from ..hardware import cpu_flags, cpu_name
+from ..hardware import cpu_features, cpu_name
 from ..provenance import code_version
 
 
@@ -71,10 +71,7 @@ class BenchRecorder(Callback):
 
 
 def machine() -> dict:
-    cpu, flags = cpu_name(), cpu_flags()
-    # the CPU features that decide which precision is fast here
-    features = sorted(flags & {"avx2", "avx512f", "avx512_bf16", "avx512_fp16", "amx_bf16", "amx_tile"})
-    return {"cpu": cpu, "cpu_features": features, "cores": os.cpu_count(), "threads": torch.get_num_threads(),
+    return {"cpu": cpu_name(), "cpu_features": cpu_features(), "cores": os.cpu_count(), "threads": torch.get_num_threads(),
             "python": platform.python_version(), "torch": torch.__version__,
             "cuda": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
             "hasten": __import__("hasten").__version__, "platform": platform.platform(),

@@ -70,7 +70,7 @@ from ..core import Time
 from ..data.download import data_root
 from ..errors import ConfigError
 from ..files import atomic_write
-from ..hardware import cpu_flags, cpu_name
+from ..hardware import cpu_features, cpu_has_bf16, cpu_name
 from ..registry import TASKS
 
 GUARDED = ("precision", "compile")   # stages whose options change the arithmetic
@@ -103,14 +103,12 @@ class Trial:
 
 def machine_key() -> dict:
     """What the measurements hold for: the CPU and its flags, the GPU, torch."""
-    flags = sorted(cpu_flags() & {"avx2", "avx512f", "avx512_bf16", "avx512_fp16", "amx_bf16", "amx_tile",
-                                  "avx512_vnni", "avx_vnni"})
-    return {"cpu": cpu_name(), "flags": flags, "cores": os.cpu_count(), "torch": torch.__version__,
+    return {"cpu": cpu_name(), "flags": cpu_features(), "cores": os.cpu_count(), "torch": torch.__version__,
             "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None}
 
 
 def bf16_fast() -> bool:
-    return torch.cuda.is_available() or bool(cpu_flags() & {"avx512_bf16", "amx_bf16"})
+    return torch.cuda.is_available() or cpu_has_bf16()
 
 
 def _median_ci(xs: list[float], reps: int = 2000, seed: int = 0) -> tuple[float, float, float]:
