@@ -334,16 +334,33 @@ def test_max_duration_in_samples_and_tokens():
 
 
 def test_precision_auto_follows_the_hardware():
-    from hasten.utils import cpu_flags, resolve_precision
+    from hasten.hardware import cpu_has_bf16
+    from hasten.utils import resolve_precision
     cpu = torch.device("cpu")
     assert resolve_precision("auto", cpu, frozenset({"avx2", "avx512f"})) == "fp32"          # bf16 would be emulated
     assert resolve_precision("auto", cpu, frozenset({"avx512f", "avx512_bf16"})) == "bf16-mixed"
     assert resolve_precision("auto", cpu, frozenset({"amx_bf16", "amx_tile"})) == "bf16-mixed"
     assert resolve_precision("fp32", cpu, frozenset({"amx_bf16"})) == "fp32"                 # explicit values win
     trainer = Trainer(nn.Linear(2, 2), device="cpu", precision="auto")
-    expected = "bf16-mixed" if cpu_flags() & {"avx512_bf16", "amx_bf16"} else "fp32"
+    expected = "bf16-mixed" if cpu_has_bf16() else "fp32"
     assert trainer.state.precision == expected
     assert (trainer.runtime.autocast_dtype is torch.bfloat16) == (expected == "bf16-mixed")
+
+
+def test_a_cpu_capped_below_avx512_is_treated_as_without_bf16():
+    """ONEDNN_MAX_CPU_ISA=AVX2 makes torch's oneDNN emulate bf16 on any chip, so 'auto' must
+    give fp32 and the tune must not offer bf16, whatever the flags say (own process: oneDNN
+    reads the cap once)."""
+    import os
+    import subprocess
+    import sys
+    code = ("import torch; from torch import nn; from hasten import Trainer; from hasten.hardware import cpu_has_bf16; "
+            "from hasten.tune import bf16_fast; "
+            "print(cpu_has_bf16(), bf16_fast(), Trainer(nn.Linear(2, 2), device='cpu', precision='auto').state.precision)")
+    env = dict(os.environ, ONEDNN_MAX_CPU_ISA="AVX2", CUDA_VISIBLE_DEVICES="")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["False", "False", "fp32"]
 
 
 def test_grad_clip_norm_is_one_gradient_clipping_algorithm_and_matches_torch():

@@ -44,5 +44,23 @@ def cpu_name() -> str:
 
 def cpu_has_bf16(flags: frozenset | None = None) -> bool:
     """Whether the CPU computes bf16 in hardware (AVX512-BF16 or AMX); others emulate it,
-    several times slower than fp32. `flags` stands in for this CPU's, for tests."""
-    return bool((cpu_flags() if flags is None else flags) & BF16_CPU_FLAGS)
+    several times slower than fp32. The flags say what the chip has; oneDNN, which runs
+    torch's CPU convolutions and matrix products, must also be allowed to use it: a run
+    started with ONEDNN_MAX_CPU_ISA=AVX2 (or any cap below AVX-512) emulates bf16 on any chip.
+    `flags` stands in for this CPU's, for tests, and then the cap is not consulted."""
+    if flags is not None:
+        return bool(flags & BF16_CPU_FLAGS)
+    return bool(cpu_flags() & BF16_CPU_FLAGS) and _onednn_bf16()
+
+
+@functools.cache
+def _onednn_bf16() -> bool:
+    """Whether torch's oneDNN may run bf16 natively under the instruction-set cap this
+    process started with (torch's own check; assumed allowed where torch lacks it)."""
+    import torch
+
+    check = getattr(getattr(torch.ops, "mkldnn", None), "_is_mkldnn_bf16_supported", None)
+    try:
+        return bool(check()) if check is not None else True
+    except (RuntimeError, AttributeError):
+        return True
