@@ -349,18 +349,19 @@ def test_precision_auto_follows_the_hardware():
 
 def test_a_cpu_capped_below_avx512_is_treated_as_without_bf16():
     """ONEDNN_MAX_CPU_ISA=AVX2 makes torch's oneDNN emulate bf16 on any chip, so 'auto' must
-    give fp32 and the tune must not offer bf16, whatever the flags say (own process: oneDNN
-    reads the cap once)."""
+    give fp32, the tune must not offer bf16 and its cache key must differ from an uncapped
+    run's, whatever the flags say (own process: oneDNN reads the cap once)."""
     import os
     import subprocess
     import sys
     code = ("import torch; from torch import nn; from hasten import Trainer; from hasten.hardware import cpu_has_bf16; "
-            "from hasten.tune import bf16_fast; "
-            "print(cpu_has_bf16(), bf16_fast(), Trainer(nn.Linear(2, 2), device='cpu', precision='auto').state.precision)")
+            "from hasten.tune import bf16_fast, machine_key; "
+            "print(cpu_has_bf16(), bf16_fast(), Trainer(nn.Linear(2, 2), device='cpu', precision='auto').state.precision, "
+            "machine_key()['bf16_hardware'])")
     env = dict(os.environ, ONEDNN_MAX_CPU_ISA="AVX2", CUDA_VISIBLE_DEVICES="")
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
-    assert out.stdout.split() == ["False", "False", "fp32"]
+    assert out.stdout.split() == ["False", "False", "fp32", "False"]   # the tune's cache key tells capped runs apart
 
 
 def test_grad_clip_norm_is_one_gradient_clipping_algorithm_and_matches_torch():

@@ -102,9 +102,10 @@ class Trial:
 
 
 def machine_key() -> dict:
-    """What the measurements hold for: the CPU and its flags, the GPU, torch."""
-    return {"cpu": cpu_name(), "flags": cpu_features(), "cores": os.cpu_count(), "torch": torch.__version__,
-            "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None}
+    """What the measurements hold for: the CPU and its flags, whether bf16 runs natively in this
+    process (False under a oneDNN cap below AVX-512 whatever the flags), the GPU, torch."""
+    return {"cpu": cpu_name(), "flags": cpu_features(), "bf16_hardware": cpu_has_bf16(), "cores": os.cpu_count(),
+            "torch": torch.__version__, "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None}
 
 
 def bf16_fast() -> bool:
@@ -464,6 +465,8 @@ def render(result: dict) -> str:
     m = result["machine"]
     lines = [f"# hasten tune: {result['recipe']}", "",
              f"Machine: {m['cpu']} ({', '.join(m['flags'])}), {m['cores']} cores"
+             + (", bf16 capped off (oneDNN emulates it in this process)"
+                if m.get("bf16_hardware") is False and {"avx512_bf16", "amx_bf16"} & set(m["flags"]) else "")
              + (f", {m['gpu']}" if m.get("gpu") else "") + f", torch {m['torch']}; measured {result['date']}, "
              f"{result['spent_s'] / 60:.1f} of {result['budget_s'] / 60:.0f} minutes.", "",
              "| stage | option | samples/s [95% interval] | first-step extra s | chosen | miss |",
