@@ -61,7 +61,7 @@ from hasten.bench.report import write_report  # noqa: E402
 from hasten.bench.runner import COUNTED, _read_worker_output, load_runs, outcome  # noqa: E402
 from hasten.bench.target import Target  # noqa: E402
 from hasten.bench.recording import machine  # noqa: E402
-from hasten.hardware import cpu_flags  # noqa: E402
+from hasten.hardware import cpu_has_bf16  # noqa: E402
 from hasten.provenance import code_version  # noqa: E402
 
 ARMS = {"gpt": ["hf", "hasten", "hasten-fast", "hf+hasten"],
@@ -71,7 +71,7 @@ BLOCK, BATCH, EVAL_TOKENS = 256, 16, 131072
 
 
 def bf16_hardware() -> bool:
-    return bool(cpu_flags() & {"avx512_bf16", "amx_bf16"}) or torch.cuda.is_available()
+    return cpu_has_bf16() or torch.cuda.is_available()
 
 
 # ---------------------------------------------------------------------------- the clock and the evaluator

@@ -70,7 +70,7 @@ from ..core import Time
 from ..data.download import data_root
 from ..errors import ConfigError
 from ..files import atomic_write
-from ..hardware import cpu_features, cpu_has_bf16, cpu_name
+from ..hardware import BF16_CPU_FLAGS, cpu_features, cpu_has_bf16, cpu_name
 from ..registry import TASKS
 
 GUARDED = ("precision", "compile")   # stages whose options change the arithmetic
@@ -176,6 +176,7 @@ def stages(recipe: Recipe) -> list[tuple[str, list[Option], str]]:
 
 class Tuner:
     guarded = GUARDED   # the stages the quality guard checks; micro-batches join when the model has batch norm
+
     def __init__(self, recipe_arg: str, overrides: list[str], budget_s: float, out: Path, console: Console,
                  rounds: int = 2, guard_steps: int = 150, min_seconds: float = 4.0, steps: int = 8, warmup: int = 3,
                  min_gain: float = 0.05):
@@ -466,7 +467,7 @@ def render(result: dict) -> str:
     lines = [f"# hasten tune: {result['recipe']}", "",
              f"Machine: {m['cpu']} ({', '.join(m['flags'])}), {m['cores']} cores"
              + (", bf16 capped off (oneDNN emulates it in this process)"
-                if m.get("bf16_hardware") is False and {"avx512_bf16", "amx_bf16"} & set(m["flags"]) else "")
+                if m.get("bf16_hardware") is False and BF16_CPU_FLAGS & set(m["flags"]) else "")
              + (f", {m['gpu']}" if m.get("gpu") else "") + f", torch {m['torch']}; measured {result['date']}, "
              f"{result['spent_s'] / 60:.1f} of {result['budget_s'] / 60:.0f} minutes.", "",
              "| stage | option | samples/s [95% interval] | first-step extra s | chosen | miss |",
