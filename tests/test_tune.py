@@ -18,9 +18,13 @@ from helpers.tiny import run_cli
 TINY = Path(__file__).parent / "helpers" / "tiny_lm.yaml"
 
 
-def _plan(recipe, flags, monkeypatch):
-    # the flags stand in for this CPU's (and oneDNN's own cap is not consulted: this machine's may refuse bf16)
+def _cpu_flags(monkeypatch, flags):
+    """The flags stand in for this CPU's (and oneDNN's own cap is not consulted: this machine's may refuse bf16)."""
     monkeypatch.setattr(tune_mod, "cpu_has_bf16", lambda: hardware.cpu_has_bf16(frozenset(flags)))
+
+
+def _plan(recipe, flags, monkeypatch):
+    _cpu_flags(monkeypatch, flags)
     return {name: (options, why) for name, options, why in stages(load_recipe(recipe))}
 
 
@@ -188,7 +192,7 @@ def test_when_the_guard_cannot_fit_only_the_stages_that_change_the_arithmetic_ar
     stages whose options change the arithmetic are skipped, saying what budget would do; the
     others are still searched (they were all skipped before, the guard's reserve taken from each)."""
     from rich.console import Console
-    monkeypatch.setattr(tune_mod, "cpu_has_bf16", lambda: hardware.cpu_has_bf16(frozenset({"avx2", "avx512_bf16"})))
+    _cpu_flags(monkeypatch, {"avx2", "avx512_bf16"})
     monkeypatch.setattr(tune_mod.torch.cuda, "is_available", lambda: False)
     tuner = Tuner("cifar10-narrow", [], budget_s=600, out=None, console=Console(file=io.StringIO()))
     monkeypatch.setattr(Tuner, "trial_cost", lambda self: 20.0)
