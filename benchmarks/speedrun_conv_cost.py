@@ -1,0 +1,168 @@
+"""Where a `cifar10-fast` training step's time goes at the convolution level, on this CPU.
+
+Three questions, each answered with the speedrun network's own shapes (widths 64/256/256,
+32x32 images, bf16 autocast where the CPU has bf16 hardware, fp32 elsewhere, channels-last,
+hasten's host allocator settings):
+
+1. Throughput over batch size: images a second of the whole network's forward and backward
+   at batch 500, 1000 and 2000. On a GPU a large batch buys throughput; if a CPU's is flat,
+   a smaller batch (more steps an epoch) costs nothing there.
+2. Per conv layer: the forward, the input gradient and the weight gradient, each timed alone
+   through aten's own kernels (median of `--rounds`), with the rate it reaches in GFLOP/s
+   (a multiply-add counted as 2). How far the step is from the rate the forward convs reach.
+3. Two other ways to compute the weight gradient, to see whether the slower kernel can be
+   beaten from Python: as a forward convolution with the roles of batch and channels swapped,
+   and as nine GEMMs over shifted views (one per kernel offset). Each is checked against
+   aten's result (relative error of the norm).
+
+    python benchmarks/speedrun_conv_cost.py --name speedrun_conv_cost-epyc-bf16
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).parent))
+from common import write_results  # noqa: E402
+
+from hasten.allocator import tune_host_allocator  # noqa: E402
+from hasten.hardware import cpu_has_bf16  # noqa: E402
+from hasten.models.speedrun import SpeedrunNet  # noqa: E402
+
+# (in channels, out channels, spatial size) of the speedrun network's 3x3 convs at 32x32 input:
+# the 2x2 whitening conv makes 31x31, each group pools by 2 after its first conv
+LAYERS = [("group 1, conv 1", 24, 64, 31), ("group 1, conv 2", 64, 64, 15), ("group 2, conv 1", 64, 256, 15),
+          ("group 2, conv 2", 256, 256, 7), ("group 3, conv 1", 256, 256, 7), ("group 3, conv 2", 256, 256, 3)]
+
+
+def timed(fn, rounds: int) -> float:
+    fn()   # warm-up: oneDNN picks and caches its kernel
+    ts = []
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        fn()
+        ts.append(time.perf_counter() - t0)
+    return statistics.median(ts)
+
+
+def throughput(batch: int, dtype, rounds: int) -> float:
+    torch.manual_seed(0)
+    model = SpeedrunNet(widths=(64, 256, 256), logit_scale=1 / 256).to(memory_format=torch.channels_last)
+    model.whiten.weight.requires_grad_(False)   # patch whitening freezes it
+    x = torch.randn(batch, 3, 32, 32).contiguous(memory_format=torch.channels_last)
+    y = torch.randint(0, 10, (batch,))
+
+    def step():
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype == torch.bfloat16):
+            loss = F.cross_entropy(model(x), y)
+        loss.backward()
+
+    return batch / timed(step, rounds)
+
+
+def rel_err(ref: torch.Tensor, other: torch.Tensor) -> float:
+    ref, other = ref.float(), other.float()
+    return ((ref - other).norm() / ref.norm()).item()
+
+
+def layer_costs(batch: int, dtype, rounds: int) -> list[dict]:
+    rows = []
+    cl = torch.channels_last
+    for name, cin, cout, hw in LAYERS:
+        torch.manual_seed(0)
+        w = torch.randn(cout, cin, 3, 3, dtype=dtype).contiguous(memory_format=cl)
+        x = torch.randn(batch, cin, hw, hw, dtype=dtype).contiguous(memory_format=cl)
+        gy = torch.randn(batch, cout, hw, hw, dtype=dtype).contiguous(memory_format=cl)
+        flop = 2 * batch * hw * hw * cin * cout * 9
+
+        def backward(which):
+            mask = [which == "input", which == "weight", False]
+            return torch.ops.aten.convolution_backward(gy, x, w, None, [1, 1], [1, 1], [1, 1], False, [0, 0], 1, mask)
+
+        def swapped():   # dW[o, c] = sum over n, h, w of x[n, c, shifted] * gy[n, o]: a conv over the batch as channels
+            xt = x.transpose(0, 1).contiguous(memory_format=cl)
+            gt = gy.transpose(0, 1).contiguous(memory_format=cl)
+            return F.conv2d(xt, gt, padding=1).transpose(0, 1)
+
+        def shifted_gemms():
+            xp = F.pad(x, (1, 1, 1, 1)).permute(0, 2, 3, 1)
+            g = gy.permute(0, 2, 3, 1).reshape(-1, cout)
+            out = torch.empty(cout, cin, 3, 3, dtype=dtype)
+            for kh in range(3):
+                for kw in range(3):
+                    out[:, :, kh, kw] = g.t() @ xp[:, kh:kh + hw, kw:kw + hw, :].reshape(-1, cin)
+            return out
+
+        t = {"forward": timed(lambda: F.conv2d(x, w, padding=1), rounds),
+             "input_grad": timed(lambda: backward("input"), rounds),
+             "weight_grad": timed(lambda: backward("weight"), rounds),
+             "weight_grad_swapped_conv": timed(swapped, rounds),
+             "weight_grad_shifted_gemms": timed(shifted_gemms, rounds)}
+        ref = backward("weight")[1]
+        rows.append({"layer": name, "in": cin, "out": cout, "size": hw, "gflop": flop / 1e9,
+                     "seconds": t, "gflops_per_s": {k: flop / v / 1e9 for k, v in t.items()},
+                     "rel_err": {"weight_grad_swapped_conv": rel_err(ref, swapped()),
+                                 "weight_grad_shifted_gemms": rel_err(ref, shifted_gemms())}})
+        print(f"{name}: forward {t['forward'] * 1e3:.1f} ms, input grad {t['input_grad'] * 1e3:.1f} ms, "
+              f"weight grad {t['weight_grad'] * 1e3:.1f} ms", flush=True)
+    return rows
+
+
+def render(data: dict) -> str:
+    prec = data["precision"]
+    out = [f"# The speedrun network's convolutions on this CPU ({prec}, channels-last, batch {data['batch']})", "",
+           "## Throughput of a whole training step over batch size (32x32 images)", "",
+           "| batch | images/s |", "|---|---|"]
+    out += [f"| {b} | {v:,.0f} |" for b, v in data["throughput"].items()]
+    out += ["", "## Per layer: time and rate (GFLOP/s, a multiply-add counted as 2)", "",
+            "| layer | shape | forward ms (GFLOP/s) | input grad ms (GFLOP/s) | weight grad ms (GFLOP/s) "
+            "| weight grad as swapped conv ms (rel. err) | weight grad as 9 GEMMs ms (rel. err) |",
+            "|---|---|---|---|---|---|---|"]
+    tot = {k: 0.0 for k in ("forward", "input_grad", "weight_grad")}
+    for r in data["layers"]:
+        s, g, e = r["seconds"], r["gflops_per_s"], r["rel_err"]
+        for k in tot:
+            tot[k] += s[k]
+        out.append(f"| {r['layer']} | {r['in']}->{r['out']} at {r['size']}x{r['size']} "
+                   f"| {s['forward'] * 1e3:.1f} ({g['forward']:.0f}) | {s['input_grad'] * 1e3:.1f} ({g['input_grad']:.0f}) "
+                   f"| {s['weight_grad'] * 1e3:.1f} ({g['weight_grad']:.0f}) "
+                   f"| {s['weight_grad_swapped_conv'] * 1e3:.1f} ({e['weight_grad_swapped_conv']:.0e}) "
+                   f"| {s['weight_grad_shifted_gemms'] * 1e3:.1f} ({e['weight_grad_shifted_gemms']:.0e}) |")
+    gflop = sum(r["gflop"] for r in data["layers"])
+    out += ["", f"Sums over the six convs: forward {tot['forward'] * 1e3:.0f} ms ({gflop / tot['forward']:.0f} GFLOP/s), "
+                f"input gradients {tot['input_grad'] * 1e3:.0f} ms ({gflop / tot['input_grad']:.0f} GFLOP/s), "
+                f"weight gradients {tot['weight_grad'] * 1e3:.0f} ms ({gflop / tot['weight_grad']:.0f} GFLOP/s). "
+                f"Weight gradients at the forward convs' rate would take {tot['forward'] * 1e3:.0f} ms, "
+                f"{(tot['weight_grad'] - tot['forward']) * 1e3:.0f} ms less per step of batch {data['batch']} "
+                f"(a whole step: {data['batch'] / data['throughput'][str(data['batch'])] * 1e3:.0f} ms)."]
+    return "\n".join(out)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--batch", type=int, default=2000)
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--name", default="speedrun_conv_cost")
+    args = ap.parse_args(argv)
+    if args.batch < 1 or args.rounds < 1:
+        ap.error("--batch and --rounds must be at least 1")
+    tune_host_allocator()
+    dtype = torch.bfloat16 if cpu_has_bf16() else torch.float32
+    batches = sorted({500, 1000, args.batch})
+    data = {"batch": args.batch, "rounds": args.rounds, "precision": "bf16" if dtype == torch.bfloat16 else "fp32",
+            "threads": torch.get_num_threads(),
+            "throughput": {str(b): throughput(b, dtype, max(2, args.rounds // 2)) for b in batches},
+            "layers": layer_costs(args.batch, dtype, args.rounds)}
+    j, m = write_results(args.name, data, render(data))
+    print(m.read_text())
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
