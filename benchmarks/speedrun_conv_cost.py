@@ -4,9 +4,10 @@ Three questions, each answered with the speedrun network's own shapes (widths 64
 32x32 images, bf16 autocast where the CPU has bf16 hardware, fp32 elsewhere, channels-last,
 hasten's host allocator settings):
 
-1. Throughput over batch size: images a second of the whole network's forward and backward
-   at batch 500, 1000 and 2000. On a GPU a large batch buys throughput; if a CPU's is flat,
-   a smaller batch (more steps an epoch) costs nothing there.
+1. Throughput over batch size: images a second of the whole network's training step (forward,
+   backward, an SGD update; vision_systems.bench_steps) at batch 500, 1000 and 2000. On a GPU
+   a large batch buys throughput; if a CPU's is flat, a smaller batch (more steps an epoch)
+   costs nothing there.
 2. Per conv layer: the forward, the input gradient and the weight gradient, each timed alone
    through aten's own kernels (median of `--rounds`), with the rate it reaches in GFLOP/s
    (a multiply-add counted as 2). How far the step is from the rate the forward convs reach.
@@ -30,10 +31,10 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).parent))
 from common import write_results  # noqa: E402
+from vision_systems import bench_steps, label  # noqa: E402
 
 from hasten.allocator import tune_host_allocator  # noqa: E402
 from hasten.hardware import cpu_has_bf16  # noqa: E402
-from hasten.models.speedrun import SpeedrunNet  # noqa: E402
 
 # (in channels, out channels, spatial size) of the speedrun network's 3x3 convs at 32x32 input:
 # the 2x2 whitening conv makes 31x31, each group pools by 2 after its first conv
@@ -49,21 +50,6 @@ def timed(fn, rounds: int) -> float:
         fn()
         ts.append(time.perf_counter() - t0)
     return statistics.median(ts)
-
-
-def throughput(batch: int, dtype, rounds: int) -> float:
-    torch.manual_seed(0)
-    model = SpeedrunNet(widths=(64, 256, 256), logit_scale=1 / 256).to(memory_format=torch.channels_last)
-    model.whiten.weight.requires_grad_(False)   # patch whitening freezes it
-    x = torch.randn(batch, 3, 32, 32).contiguous(memory_format=torch.channels_last)
-    y = torch.randint(0, 10, (batch,))
-
-    def step():
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype == torch.bfloat16):
-            loss = F.cross_entropy(model(x), y)
-        loss.backward()
-
-    return batch / timed(step, rounds)
 
 
 def rel_err(ref: torch.Tensor, other: torch.Tensor) -> float:
@@ -155,9 +141,12 @@ def main(argv=None) -> int:
     tune_host_allocator()
     dtype = torch.bfloat16 if cpu_has_bf16() else torch.float32
     batches = sorted({500, 1000, args.batch})
-    data = {"batch": args.batch, "rounds": args.rounds, "precision": "bf16" if dtype == torch.bfloat16 else "fp32",
+    prec = "bf16" if dtype == torch.bfloat16 else "fp32"
+    data = {"batch": args.batch, "rounds": args.rounds, "precision": prec,
             "threads": torch.get_num_threads(),
-            "throughput": {str(b): throughput(b, dtype, max(2, args.rounds // 2)) for b in batches},
+            # a whole training step (with an SGD update), channels-last, median over rounds
+            "throughput": {str(b): bench_steps((64, 256, 256), max(2, args.rounds // 2), [(prec, True, False)],
+                                               batch=b, steps=2)[0][label(prec, True, False)] for b in batches},
             "layers": layer_costs(args.batch, dtype, args.rounds)}
     j, m = write_results(args.name, data, render(data))
     print(m.read_text())
