@@ -289,6 +289,36 @@ def test_tta_fraction_spends_the_extra_views_on_the_least_sure_images():
         TTA(fraction=1.5)
 
 
+@pytest.mark.filterwarnings("ignore:ema:UserWarning")
+def test_tta_inside_an_averages_final_evaluation_augments_each_evaluation_once_and_counts_both(monkeypatch):
+    """EMA judges the trained weights by an evaluation inside the final one: each of the two
+    evaluations sees the six views once (not views of views), and TTA's method time covers both.
+    The clock is a counter the model's forward advances, so the time is a count of forwards."""
+    import types
+
+    import hasten.algorithms.tta as tta_module
+    from hasten.algorithms import EMA
+    torch.manual_seed(0)
+    x, y = _images(16), torch.arange(16) % 5
+    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.Flatten(), nn.Linear(144, 5))
+    clock = {"t": 0.0, "forwards": 0}
+
+    def tick(module, inputs):
+        if not module.training:
+            clock["t"] += 1.0
+            clock["forwards"] += 1
+    model.register_forward_pre_hook(tick)
+    monkeypatch.setattr(tta_module, "time", types.SimpleNamespace(perf_counter=lambda: clock["t"]))
+    data = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=8)
+    t = Trainer(model, data, eval_dataloader=data, max_duration="2ba", eval_interval="2ba", device="cpu",
+                algorithms=[TTA(flip=True, translate=1), EMA(half_life="1ba")],
+                optimizers=lambda m: torch.optim.SGD(m.parameters(), lr=0.1))
+    t.fit(summary=False)
+    assert clock["forwards"] == 2 * 2 * 6          # two evaluations x two batches x six views
+    assert t.state.method_seconds == pytest.approx(24.0)
+    assert t.state.forward_model is not None and not isinstance(t.state.forward_model, tta_module._TTAModel)
+
+
 @pytest.mark.slow
 def test_tta_does_not_lower_accuracy_of_a_trained_model(cifar_zip):
     """Measured behaviour: on a small trained CIFAR model, flip+translate TTA does not hurt."""

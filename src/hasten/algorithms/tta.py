@@ -89,25 +89,29 @@ class TTA(Algorithm):
                  fraction: float = 1.0):
         _check_fraction(fraction)        # at construction, so a bad recipe fails before training
         self.flip, self.translate, self.final_only, self.fraction = flip, int(translate), final_only, float(fraction)
-        self._saved = None
-        self._t0 = None
+        # (model replaced, start time) per evaluation under way: an evaluation may run inside
+        # another (EMA and SWA evaluate the trained weights inside the final evaluation)
+        self._open: list[tuple[torch.nn.Module, float]] = []
 
     def eval_start(self, state, logger):
         if self.final_only and state.progress < 1.0:
+            self._open.append((None, 0.0))
             return
-        self._saved = state.forward_model
-        state.forward_model = _TTAModel(self._saved, self.flip, self.translate, self.fraction)
-        self._t0 = time.perf_counter()
+        self._open.append((state.forward_model, time.perf_counter()))
+        state.forward_model = _TTAModel(state.forward_model, self.flip, self.translate, self.fraction)
 
     def eval_forwards(self, state, model, inputs):
         tta_logits(model, inputs, self.flip, self.translate, self.fraction)   # its views' shapes (compiled runs)
 
     def eval_end(self, state, logger):
-        if self._saved is not None:
-            state.forward_model, self._saved = self._saved, None
-            if state.device.type == "cuda":
-                torch.cuda.synchronize()
-            state.method_seconds += time.perf_counter() - self._t0
+        saved, t0 = self._open.pop() if self._open else (None, 0.0)
+        if saved is None:
+            return
+        state.forward_model = saved
+        if state.device.type == "cuda":
+            torch.cuda.synchronize()
+        if not self._open or self._open[-1][0] is None:   # an inner evaluation's time is in the outer's already
+            state.method_seconds += time.perf_counter() - t0
 
 
 __all__ = ["tta_logits", "TTA"]
