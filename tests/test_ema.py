@@ -116,3 +116,34 @@ def test_a_short_run_with_ema_is_not_worse_than_without():
             accs[name] = (model(xt).argmax(1) == yt).float().mean().item()
     assert accs["plain"] > 0.5, accs          # the task is learnable in 78 steps
     assert accs["ema"] >= accs["plain"] - 0.05, accs
+
+
+def test_final_swap_always_keeps_the_average_without_judging_it_on_the_evaluation_data():
+    """The same run as the fault test where the average loses: with final_swap='always' the
+    average stays in (the model's weights are the average's, the logged loss is the average's
+    loss recomputed by hand), no second evaluation runs, and nothing is warned."""
+    import warnings
+
+    import pytest
+    from tiny import classification_data
+    x, y = classification_data(256)
+    data = [(x[i:i + 32], y[i:i + 32]) for i in range(0, 256, 32)]
+    torch.manual_seed(0)
+    model = mlp()
+    ema = EMA(decay=0.9, final_swap="always")
+    tr = Trainer(model, data, max_duration="16ba", device="cpu", algorithms=[ema], eval_interval="16ba",
+                 eval_dataloader=data, optimizers=lambda m: torch.optim.SGD(m.parameters(), lr=0.5))
+    judged = []
+    tr.state.evaluate = lambda: judged.append(1) or {}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        tr.fit()
+    assert judged == []
+    for p, e in zip(model.parameters(), ema.ema):
+        assert torch.equal(p, e)
+    with torch.no_grad():
+        by_hand = torch.nn.functional.cross_entropy(model(x), y).item()
+    assert tr.state.eval_metrics["val/loss"] == pytest.approx(by_hand, rel=1e-5)
+    assert tr.logger.latest["ema/average_kept"] == 1.0
+    with pytest.raises(ValueError, match="final_swap must be true"):
+        EMA(final_swap="yes")

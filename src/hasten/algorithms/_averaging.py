@@ -9,6 +9,10 @@ stays in the model, and the logged evaluation is that model's. The log says whic
 (`NAME/average_kept`, and both values); a warning says so when the trained weights win. A run
 that ends without that evaluation (no evaluation set, or stopped early) gets the average put
 in untested, and a warning saying so.
+
+That choice is made on the evaluation data; where those are the test set, the score logged is
+the better of two models on it. `final_swap="always"` keeps the average without the
+comparison (and without the second evaluation); `final_swap=False` keeps the trained weights.
 """
 from __future__ import annotations
 
@@ -35,6 +39,14 @@ def recompute_batchnorm(state, batches: int) -> None:
     update_bn(inputs, state.model, device=state.device)
 
 
+def final_swap_mode(value) -> "bool | str":
+    """`final_swap` as given, once checked: True, False or 'always'."""
+    if value is True or value is False or value == "always":
+        return value
+    raise ValueError(f"final_swap must be true (keep the better of average and trained weights), false (keep "
+                     f"the trained weights) or 'always' (keep the average, not compared), got {value!r}")
+
+
 class WeightAverage(Algorithm):
     """Subclasses say whether an average exists (`has_average`), which tensors it covers
     (`_tensors`) and how it goes into the model (`_put_average`); this class does the rest."""
@@ -42,7 +54,7 @@ class WeightAverage(Algorithm):
     final_swap = True    # put the average in at the end (when it is the better model)
     _backup: list | None = None
     _trained_result: dict | None = None
-    _judging = _decided = False
+    _judging = _decided = _final = False
 
     # ------------------------------------------------------------------ for subclasses
     def has_average(self) -> bool:
@@ -74,7 +86,9 @@ class WeightAverage(Algorithm):
     def eval_start(self, state, logger):
         if self._judging or self._decided or not self.has_average():
             return
-        if self.final_swap and state.progress >= 1.0 and state.evaluate is not None:
+        if self.final_swap == "always" and state.progress >= 1.0:
+            self._final = True   # the average stays in after this evaluation, not compared
+        elif self.final_swap and state.progress >= 1.0 and state.evaluate is not None:
             self._judging = True   # the trained weights, as they are, for the comparison at EVAL_END
             try:
                 self._trained_result = state.evaluate()
@@ -86,6 +100,10 @@ class WeightAverage(Algorithm):
         if self._judging or self._backup is None:
             return
         trained, self._trained_result = self._trained_result, None
+        if self._final:   # final_swap='always'
+            self._backup, self._final, self._decided = None, False, True
+            logger.log({f"{self.registry_name}/average_kept": 1.0})
+            return
         if trained is None:   # an evaluation during training: the trained weights come back
             self._trained_back(state)
             return
@@ -110,6 +128,8 @@ class WeightAverage(Algorithm):
             with torch.no_grad():
                 self._put_average(state)
             self._decided = True
+            if self.final_swap == "always":
+                return
             warnings.warn(f"{self.registry_name}: the run ended without a final evaluation to compare the average with "
                           "(no evaluation set, or it stopped early); the average was put in place untested "
                           "(final_swap=False keeps the trained weights)")

@@ -30,7 +30,7 @@ import torch
 from ..core import Time
 from ..distributed.tensors import local_tensors, sharded_like
 from ..registry import register_algorithm
-from ._averaging import WeightAverage, recompute_batchnorm
+from ._averaging import WeightAverage, final_swap_mode, recompute_batchnorm
 
 
 @torch.no_grad()
@@ -64,7 +64,7 @@ def _tensors(model: torch.nn.Module) -> list[torch.Tensor]:
 @register_algorithm("ema")
 class EMA(WeightAverage):
     def __init__(self, decay: float | None = None, half_life: str | None = None, update_every: int = 1,
-                 start: str = "0ba", final_swap: bool = True, bias_correction: bool = True, bn_batches: int = 0):
+                 start: str = "0ba", final_swap: "bool | str" = True, bias_correction: bool = True, bn_batches: int = 0):
         if decay is not None and half_life is not None:
             raise ValueError("give either decay or half_life, not both")
         if decay is not None and not 0.0 < decay < 1.0:
@@ -75,7 +75,7 @@ class EMA(WeightAverage):
         if self.half_life is not None and not self.half_life.value > 0:
             raise ValueError(f"half_life must be positive, got {half_life}")
         self.decay = decay if decay is not None or half_life is not None else 0.999
-        self.update_every, self.start, self.final_swap = update_every, Time.parse(start), final_swap
+        self.update_every, self.start, self.final_swap = update_every, Time.parse(start), final_swap_mode(final_swap)
         self.bias_correction = bias_correction
         if not isinstance(bn_batches, int) or bn_batches < 0:
             raise ValueError(f"bn_batches must be a whole number >= 0, got {bn_batches!r}")

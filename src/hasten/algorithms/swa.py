@@ -24,7 +24,7 @@ from ..core import as_time
 from ..distributed.tensors import local_tensors, sharded_like
 from ..models import has_batch_norm
 from ..registry import register_algorithm
-from ._averaging import WeightAverage, recompute_batchnorm
+from ._averaging import WeightAverage, final_swap_mode, recompute_batchnorm
 
 _swa_update = get_swa_multi_avg_fn()
 
@@ -49,11 +49,11 @@ def _weights_and_buffers(model: torch.nn.Module) -> list[torch.Tensor]:
 @register_algorithm("swa")
 class SWA(WeightAverage):
     def __init__(self, start: "float | str" = 0.75, update_every: int = 1, bn_batches: int = 50,
-                 final_swap: bool = True):
+                 final_swap: "bool | str" = True):
         self.start = as_time(start, "start")
         if self.start.unit.value == "dur" and self.start.value >= 1.0:
             raise ValueError(f"start must lie before the end of the run, got {start}")
-        self.update_every, self.bn_batches, self.final_swap = int(update_every), int(bn_batches), final_swap
+        self.update_every, self.bn_batches, self.final_swap = int(update_every), int(bn_batches), final_swap_mode(final_swap)
         self.averaged: list[torch.Tensor] | None = None   # one tensor per parameter (sharded like it)
         self.n_averaged = 0
         self._pending = None
