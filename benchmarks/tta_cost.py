@@ -4,7 +4,9 @@ Loads a trained image-classification run (its checkpoint and the recipe.yaml sav
 it), then evaluates the test set with the plain view only, with the two mirror views, and
 with the six flip-and-translate views given to a fraction f of each batch (the images whose
 plain view gives the smallest top-1 over top-2 probability margin; the rest keep the plain
-view). The host allocator is set as the Trainer sets it. Settings are interleaved round by
+view). `--grids 1,2` adds larger view sets for every image: the mirror pair at every shift of
+a (2R+1) x (2R+1) grid (R = 1: 18 views; R = 2: 50), equally weighted, to show what views
+beyond the six buy. The host allocator is set as the Trainer sets it. Settings are interleaved round by
 round; times are medians over rounds, with the ratio to full TTA (f = 1) from the same round.
 
     hasten train cifar10-fast                 # writes runs/<name>/checkpoints/ep9-ba225.pt
@@ -21,6 +23,7 @@ import torch
 
 from common import write_results
 from hasten.algorithms.tta import tta_logits
+from hasten.data.augment import translate as shift
 from hasten.build import recipe_runtime
 from hasten.checkpoint import CheckpointIO
 from hasten.config import load_recipe
@@ -33,6 +36,7 @@ def main(argv=None) -> int:
     ap.add_argument("--data", help="data.path override (default: the run's own)")
     ap.add_argument("--fractions", default="1,0.5,0.3,0.2,0.15", help="translate fractions to measure")
     ap.add_argument("--translate", type=int, default=1)
+    ap.add_argument("--grids", default="", help="radii R of the larger view sets to add, e.g. 1,2 (default none)")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--name", default="tta_cost")
     args = ap.parse_args(argv)
@@ -51,34 +55,47 @@ def main(argv=None) -> int:
     bf16 = runtime.precision == "bf16-mixed"
     batches = [(x.to(device), y.to(device)) for x, y in built.eval_dataloader]
 
-    settings = [("plain", 0, 1.0, False), ("mirror", 0, 1.0, True)] + [
-        (f"f={f:g}", args.translate, float(f), True) for f in map(float, args.fractions.split(","))]
+    # (name, translate, fraction, flip, grid radius: 0 for tta_logits' views)
+    settings = [("plain", 0, 1.0, False, 0), ("mirror", 0, 1.0, True, 0)] + [
+        (f"f={f:g}", args.translate, float(f), True, 0) for f in map(float, args.fractions.split(","))] + [
+        (f"grid {2 * r + 1}x{2 * r + 1}", 0, 1.0, True, r) for r in (int(v) for v in args.grids.split(",") if v)]
+
+    def grid_logits(x, r):   # the mirror pair at every shift within r pixels, equal weights
+        n, total = x.shape[0], 0
+        for dy in range(-r, r + 1):
+            for dx in range(-r, r + 1):
+                z = shift(x, torch.full((n,), dy, device=x.device), torch.full((n,), dx, device=x.device), r)
+                z = z.contiguous(memory_format=torch.channels_last)
+                total = total + model(z).float() + model(z.flip(-1)).float()
+        return total / (2 * (2 * r + 1) ** 2)
 
     @torch.no_grad()
-    def predict(translate, fraction, flip):
+    def predict(translate, fraction, flip, grid):
         out = []
         with torch.autocast(device.type, torch.bfloat16, enabled=bf16):
             for x, _ in batches:
-                out.append(tta_logits(model, x, flip=flip, translate=translate, fraction=fraction))
+                out.append(grid_logits(x, grid) if grid else
+                           tta_logits(model, x, flip=flip, translate=translate, fraction=fraction))
         return torch.cat(out).float()
 
     labels = torch.cat([y for _, y in batches])
-    predict(0, 1.0, False)                               # warm-up
+    predict(0, 1.0, False, 0)                               # warm-up
     times = {s[0]: [] for s in settings}
     preds = {}
     for _ in range(args.rounds):
-        for name, translate, fraction, flip in settings:
+        for name, translate, fraction, flip, grid in settings:
             t0 = time.perf_counter()
-            logits = predict(translate, fraction, flip)
+            logits = predict(translate, fraction, flip, grid)
             times[name].append(time.perf_counter() - t0)
             preds[name] = logits.argmax(-1)
     full = "f=1" if "f=1" in preds else None
     rows, data = [], []
-    for name, translate, fraction, flip in settings:
+    for name, translate, fraction, flip, grid in settings:
         acc = (preds[name] == labels).float().mean().item()
         differ = int((preds[name] != preds[full]).sum()) if full else None
         ratio = statistics.median(a / b for a, b in zip(times[name], times[full])) if full else None
-        views = 1 + ((2 if flip else 1) * (3 if translate else 1) - 1) * fraction
+        views = (2 * (2 * grid + 1) ** 2 if grid else
+                 1 + ((2 if flip else 1) * (3 if translate else 1) - 1) * fraction)
         t = statistics.median(times[name])
         data.append({"setting": name, "views_per_image": views, "acc": acc, "differ_from_full": differ,
                      "time_s": t, "times_s": times[name], "ratio_to_full": ratio})
@@ -89,7 +106,8 @@ def main(argv=None) -> int:
           f"{'bf16 autocast' if bf16 else 'fp32'}, channels-last, {args.rounds} interleaved rounds "
           f"(median time; ratio to f=1 from the same round). f: the fraction of each batch, least sure "
           f"by the plain view first, that also gets the mirror and the four views translated by "
-          f"±{args.translate} px; the rest keep the plain view's logits.\n\n"
+          f"±{args.translate} px; the rest keep the plain view's logits. A grid: every image, the mirror pair at "
+          f"every shift of that grid, equal weights.\n\n"
           "| setting | forward passes per image | test acc % | predictions that differ from f=1 | time s | vs f=1 |\n"
           "|---|---|---|---|---|---|\n" + "\n".join(rows) + "\n")
     _, m = write_results(args.name, {"recipe": recipe.name, "checkpoint": ckpt.name, "rows": data}, md)
