@@ -40,9 +40,25 @@ def git_dirty(where: "Path | None" = None) -> bool | None:
     return bool(r.stdout.strip()) if r.returncode == 0 else None
 
 
+def portable(arg: str) -> str:
+    """A command-line argument as a result file may record it: an absolute path (alone or after
+    `KEY=`) inside this repository becomes relative to it, one inside a hasten run folder starts
+    at `runs/`, any other keeps its last part only; the machine's own folders are not recorded."""
+    key, sep, value = arg.rpartition("=") if "=" in arg else ("", "", arg)
+    if not value.startswith("/"):
+        return arg
+    path, repo = Path(value), Path(__file__).resolve().parent.parent
+    try:
+        short = str(path.resolve().relative_to(repo))
+    except ValueError:
+        parts = path.parts
+        short = "/".join(parts[parts.index("runs"):]) if "runs" in parts else path.name
+    return key + sep + short
+
+
 def write_results(name: str, data: dict, markdown: str) -> tuple[Path, Path]:
     RESULTS.mkdir(parents=True, exist_ok=True)
-    data = {"benchmark": name, "command": "python " + " ".join(sys.argv), "commit": git_commit(),
+    data = {"benchmark": name, "command": "python " + " ".join(portable(a) for a in sys.argv), "commit": git_commit(),
             "dirty": git_dirty(), "code": code_version(), "machine": machine(), **data}
     j, m = RESULTS / f"{name}.json", RESULTS / f"{name}.md"
     j.write_text(json.dumps(data, indent=2) + "\n")
