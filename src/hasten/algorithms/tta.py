@@ -78,8 +78,11 @@ class _TTAModel(torch.nn.Module):
     def __init__(self, model, flip, translate, fraction):
         super().__init__()
         self.model, self.flip, self.translate, self.fraction = model, flip, translate, fraction
+        self.started: float | None = None   # when its evaluation's first batch came
 
     def forward(self, x):
+        if self.started is None:
+            self.started = time.perf_counter()
         return tta_logits(self.model, x, self.flip, self.translate, self.fraction)
 
 
@@ -89,29 +92,32 @@ class TTA(Algorithm):
                  fraction: float = 1.0):
         _check_fraction(fraction)        # at construction, so a bad recipe fails before training
         self.flip, self.translate, self.final_only, self.fraction = flip, int(translate), final_only, float(fraction)
-        # (model replaced, start time) per evaluation under way: an evaluation may run inside
-        # another (EMA and SWA evaluate the trained weights inside the final evaluation)
-        self._open: list[tuple[torch.nn.Module, float]] = []
+        # (model replaced, its augmented stand-in) per evaluation under way: an evaluation may
+        # run inside another (EMA and SWA evaluate the trained weights inside the final one)
+        self._open: list[tuple[torch.nn.Module | None, _TTAModel | None]] = []
 
     def eval_start(self, state, logger):
         if self.final_only and state.progress < 1.0:
-            self._open.append((None, 0.0))
+            self._open.append((None, None))
             return
-        self._open.append((state.forward_model, time.perf_counter()))
-        state.forward_model = _TTAModel(state.forward_model, self.flip, self.translate, self.fraction)
+        wrapped = _TTAModel(state.forward_model, self.flip, self.translate, self.fraction)
+        self._open.append((state.forward_model, wrapped))
+        state.forward_model = wrapped
 
     def eval_forwards(self, state, model, inputs):
         tta_logits(model, inputs, self.flip, self.translate, self.fraction)   # its views' shapes (compiled runs)
 
     def eval_end(self, state, logger):
-        saved, t0 = self._open.pop() if self._open else (None, 0.0)
+        # method time: from the evaluation's first batch to its end, so it lies inside the
+        # evaluation's own time (an inner evaluation runs before the outer's first batch)
+        saved, wrapped = self._open.pop() if self._open else (None, None)
         if saved is None:
             return
         state.forward_model = saved
-        if state.device.type == "cuda":
-            torch.cuda.synchronize()
-        if not self._open or self._open[-1][0] is None:   # an inner evaluation's time is in the outer's already
-            state.method_seconds += time.perf_counter() - t0
+        if wrapped.started is not None:
+            if state.device.type == "cuda":
+                torch.cuda.synchronize()
+            state.method_seconds += time.perf_counter() - wrapped.started
 
 
 __all__ = ["tta_logits", "TTA"]
