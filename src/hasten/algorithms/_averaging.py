@@ -54,7 +54,7 @@ class WeightAverage(Algorithm):
     final_swap = True    # put the average in at the end (when it is the better model)
     _backup: list | None = None
     _trained_result: dict | None = None
-    _judging = _decided = _final = False
+    _judging = _decided = False
 
     # ------------------------------------------------------------------ for subclasses
     def has_average(self) -> bool:
@@ -86,9 +86,7 @@ class WeightAverage(Algorithm):
     def eval_start(self, state, logger):
         if self._judging or self._decided or not self.has_average():
             return
-        if self.final_swap == "always" and state.progress >= 1.0:
-            self._final = True   # the average stays in after this evaluation, not compared
-        elif self.final_swap and state.progress >= 1.0 and state.evaluate is not None:
+        if self.final_swap is True and state.progress >= 1.0 and state.evaluate is not None:
             self._judging = True   # the trained weights, as they are, for the comparison at EVAL_END
             try:
                 self._trained_result = state.evaluate()
@@ -100,8 +98,8 @@ class WeightAverage(Algorithm):
         if self._judging or self._backup is None:
             return
         trained, self._trained_result = self._trained_result, None
-        if self._final:   # final_swap='always'
-            self._backup, self._final, self._decided = None, False, True
+        if self.final_swap == "always" and state.progress >= 1.0:   # the average stays in, not compared
+            self._backup, self._decided = None, True
             logger.log({f"{self.registry_name}/average_kept": 1.0})
             return
         if trained is None:   # an evaluation during training: the trained weights come back

@@ -92,17 +92,16 @@ class TTA(Algorithm):
                  fraction: float = 1.0):
         _check_fraction(fraction)        # at construction, so a bad recipe fails before training
         self.flip, self.translate, self.final_only, self.fraction = flip, int(translate), final_only, float(fraction)
-        # (model replaced, its augmented stand-in) per evaluation under way: an evaluation may
-        # run inside another (EMA and SWA evaluate the trained weights inside the final one)
-        self._open: list[tuple[torch.nn.Module | None, _TTAModel | None]] = []
+        # the augmented stand-in (None: not augmented) per evaluation under way: an evaluation
+        # may run inside another (EMA and SWA evaluate the trained weights inside the final one)
+        self._open: list[_TTAModel | None] = []
 
     def eval_start(self, state, logger):
         if self.final_only and state.progress < 1.0:
-            self._open.append((None, None))
+            self._open.append(None)
             return
-        wrapped = _TTAModel(state.forward_model, self.flip, self.translate, self.fraction)
-        self._open.append((state.forward_model, wrapped))
-        state.forward_model = wrapped
+        state.forward_model = _TTAModel(state.forward_model, self.flip, self.translate, self.fraction)
+        self._open.append(state.forward_model)
 
     def eval_forwards(self, state, model, inputs):
         tta_logits(model, inputs, self.flip, self.translate, self.fraction)   # its views' shapes (compiled runs)
@@ -110,10 +109,10 @@ class TTA(Algorithm):
     def eval_end(self, state, logger):
         # method time: from the evaluation's first batch to its end, so it lies inside the
         # evaluation's own time (an inner evaluation runs before the outer's first batch)
-        saved, wrapped = self._open.pop() if self._open else (None, None)
-        if saved is None:
+        wrapped = self._open.pop() if self._open else None
+        if wrapped is None:
             return
-        state.forward_model = saved
+        state.forward_model = wrapped.model
         if wrapped.started is not None:
             if state.device.type == "cuda":
                 torch.cuda.synchronize()
