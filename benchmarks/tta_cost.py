@@ -40,6 +40,12 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--name", default="tta_cost")
     args = ap.parse_args(argv)
+    try:
+        radii = [int(v) for v in args.grids.split(",") if v]
+    except ValueError:
+        ap.error(f"--grids takes whole numbers separated by commas, e.g. 1,2; got {args.grids!r}")
+    if any(r < 1 for r in radii):
+        ap.error(f"--grids: each radius must be at least 1, got {args.grids!r}")
 
     ckpt = Path(args.checkpoint)
     recipe_file = ckpt.parent.parent / "recipe.yaml"
@@ -58,7 +64,7 @@ def main(argv=None) -> int:
     # (name, translate, fraction, flip, grid radius: 0 for tta_logits' views)
     settings = [("plain", 0, 1.0, False, 0), ("mirror", 0, 1.0, True, 0)] + [
         (f"f={f:g}", args.translate, float(f), True, 0) for f in map(float, args.fractions.split(","))] + [
-        (f"grid {2 * r + 1}x{2 * r + 1}", 0, 1.0, True, r) for r in (int(v) for v in args.grids.split(",") if v)]
+        (f"grid {2 * r + 1}x{2 * r + 1}", 0, 1.0, True, r) for r in radii]
 
     def grid_logits(x, r):   # the mirror pair at every shift within r pixels, equal weights
         n, total = x.shape[0], 0
