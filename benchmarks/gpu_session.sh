@@ -7,7 +7,9 @@
 # checkpoint, a resume and the whole export), `lm` (nanoGPT's GPU Tiny Shakespeare config),
 # `cards-a`, `cards-b` (method cards on the cifar10-narrow proxy), `peer` (compiled cifar10-fast
 # against the compiled airbench94_muon peer, 3 seeds each), `eager` (uncompiled cifar10-fast
-# against the same peer runs), `peer8` (8 epochs, no resizing, against them), `float8` (a GPT in bf16 against float8, benchmarks/float8_gpt.py).
+# against the same peer runs), `peer8` (8 epochs, no resizing, against them), `peer8c` and `peer9c`
+# (compiled: the peer's procedure with all six test views; 9 epochs without resizing), `probe`
+# (patch whitening's fit, device cold or prepared), `float8` (a GPT in bf16 against float8, benchmarks/float8_gpt.py).
 #   bash benchmarks/gpu_session.sh bench ddp fsdp
 # The CIFAR zip (about 60 MiB) does not fit beside the working tree in a 64 MiB transfer: on the
 # home machine `bash benchmarks/gpu_session.sh pack` writes it as one solid tar.xz of about
@@ -26,7 +28,10 @@ python3 -c 'import torch; print("torch", torch.__version__, torch.cuda.get_devic
 git rev-parse --short HEAD 2>/dev/null || cat .gpudata/COMMIT 2>/dev/null
 TAG=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | grep -oiE 'h100|h200|a100|l40s|l4' | head -1 | tr A-Z a-z)
 TAG=${TAG:-gpu}
-PEER=cifar10-fast-compiled-vs-muon-$TAG   # the comparison whose peer runs the others reuse
+# CALL names this call's result folders apart from committed ones (a folder that exists is
+# continued, not rerun: `CALL=-2 bash ... peer` measures afresh)
+CALL=${CALL:-}
+PEER=cifar10-fast-compiled-vs-muon-$TAG$CALL   # the comparison whose peer runs the others reuse
 
 vs_peer() {   # NAME RECIPE CAP: RECIPE against the compiled peer (its runs copied from $PEER, not rerun)
   if [ "$1" != "$PEER" ]; then
@@ -62,10 +67,22 @@ for part in "$@"; do
     vs_peer $PEER cifar10-fast+trainer.compile=true ${PEER_CAP:-300}
     ;;
   eager)  # uncompiled cifar10-fast against the same peer runs
-    vs_peer cifar10-fast-eager-vs-muon-$TAG cifar10-fast ${EAGER_CAP:-90}
+    vs_peer cifar10-fast-eager-vs-muon-$TAG$CALL cifar10-fast ${EAGER_CAP:-90}
     ;;
   peer8)  # the GPU candidate: cifar10-fast for 8 epochs without progressive resizing, eager, against the same peer runs
-    vs_peer cifar10-fast-8ep-vs-muon-$TAG cifar10-fast+trainer.max_duration=8ep+algorithms.progressive_resizing=null ${EAGER_CAP:-90}
+    vs_peer cifar10-fast-8ep-vs-muon-$TAG$CALL cifar10-fast+trainer.max_duration=8ep+algorithms.progressive_resizing=null ${EAGER_CAP:-90}
+    ;;
+  peer8c) # the peer's own procedure in hasten, compiled: 8 epochs, 32 px throughout, all six views at test
+    vs_peer cifar10-fast-8ep-fulltta-compiled-vs-muon-$TAG$CALL \
+      cifar10-fast+trainer.max_duration=8ep+algorithms.progressive_resizing=null+algorithms.tta.fraction=1.0+trainer.compile=true ${C_CAP:-150}
+    ;;
+  peer9c) # compiled, 9 epochs at 32 px throughout (resizing saves nothing on a GPU), the recipe's TTA
+    vs_peer cifar10-fast-9ep-noresize-compiled-vs-muon-$TAG$CALL \
+      cifar10-fast+algorithms.progressive_resizing=null+trainer.compile=true ${C_CAP:-150}
+    ;;
+  probe)  # patch whitening's fit in a fresh process, device cold or prepared (hasten.runtime.prepare_device)
+    (cd benchmarks && timeout 90 python3 whiten_fit_probe.py --device cuda --rounds 2 --name whiten_fit_probe-$TAG$CALL)
+    mkdir -p "$W/results"; cp benchmarks/results/whiten_fit_probe-$TAG$CALL.* "$W/results/" 2>/dev/null
     ;;
   float8) # a GPT in bf16 against float8 (tensorwise, rowwise): throughput, memory, the loss over the same steps
     timeout ${FLOAT8_CAP:-170} python3 benchmarks/float8_gpt.py --device cuda --sizes 24x1024,12x768 --steps 60 \

@@ -106,7 +106,8 @@ def make_runtime(device: "str | torch.device" = "auto", precision: str = "fp32",
                  timeout_s: float = 600.0) -> Runtime:
     """Resolve the runtime and apply its process-wide settings, in this order: the world
     (under torchrun: join the process group, bind the device), the thread count
-    (`torch.set_num_threads`, when given), the host allocator, the seeds.
+    (`torch.set_num_threads`, when given), the host allocator, a GPU's one-off library set-up
+    (`prepare_device`), the seeds.
 
     parallelism: 'auto' (ddp when launched with more than one process, none otherwise),
     'none', 'ddp', or 'fsdp' (sharded; also in one process, a mesh of one, to measure it);
@@ -136,10 +137,26 @@ def make_runtime(device: "str | torch.device" = "auto", precision: str = "fp32",
     if world.size > 1 and dev.type == "cuda":
         dev = torch.device("cuda", world.local_rank)
     report = configure_host_allocator(host_allocator, dev.type)
+    prepare_device(dev)
     seed_everything(seed)   # the same seed on every rank: the same initial model, the same global batches
     return Runtime(device=dev, precision=resolve_precision(precision, dev), seed=seed,
                    threads=torch.get_num_threads(), host_allocator=host_allocator, allocator_report=report,
                    asked_precision=precision, world=world)
+
+
+def prepare_device(dev: torch.device) -> None:
+    """Pay a GPU's one-off library set-up now, before any run's clock: the CUDA context and the
+    cuBLAS handle with its workspace (a tiny product in fp32 and in fp64), which the first
+    matrix product of a process otherwise pays, whichever part of the run does it (on an H200,
+    patch whitening's fit at INIT: measured in benchmarks/whiten_fit_probe.py). A compared
+    script's untimed warm-up run pays the same. Nothing to do on the CPU or MPS."""
+    if dev.type != "cuda":
+        return
+    with torch.cuda.device(dev):
+        for dtype in (torch.float32, torch.float64):
+            a = torch.ones(8, 8, device=dev, dtype=dtype)
+            a @ a
+        torch.cuda.synchronize(dev)
 
 
 def resolve_device(device: "str | torch.device") -> torch.device:
