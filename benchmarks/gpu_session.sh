@@ -9,7 +9,8 @@
 # against the compiled airbench94_muon peer, 3 seeds each), `eager` (uncompiled cifar10-fast
 # against the same peer runs), `peer8` (8 epochs, no resizing, against them), `peer8c` and `peer9c`
 # (compiled: the peer's procedure with all six test views; 9 epochs without resizing), `probe`
-# (patch whitening's fit, device cold or prepared), `float8` (a GPT in bf16 against float8, benchmarks/float8_gpt.py).
+# (patch whitening's fit, device cold or prepared), `profile` (one step of each side under
+# torch.profiler: host and device time, kernels; benchmarks/gpu_step_profile.py), `float8` (a GPT in bf16 against float8, benchmarks/float8_gpt.py).
 #   bash benchmarks/gpu_session.sh bench ddp fsdp
 # The CIFAR zip (about 60 MiB) does not fit beside the working tree in a 64 MiB transfer: on the
 # home machine `bash benchmarks/gpu_session.sh pack` writes it as one solid tar.xz of about
@@ -79,6 +80,14 @@ for part in "$@"; do
   peer9c) # compiled, 9 epochs at 32 px throughout (resizing saves nothing on a GPU), the recipe's TTA
     vs_peer cifar10-fast-9ep-noresize-compiled-vs-muon-$TAG$CALL \
       cifar10-fast+algorithms.progressive_resizing=null+trainer.compile=true ${C_CAP:-150}
+    ;;
+  profile) # one steady-state step of hasten's cifar10-fast against the peer's, compiled and eager (torch.profiler)
+    for mode in compile eager; do
+      flag=(); [ $mode = compile ] && flag=(--compile)
+      timeout ${PROFILE_CAP:-150} python3 benchmarks/gpu_step_profile.py --data .data/cifar10-jpeg.zip --device cuda \
+        "${flag[@]}" --name gpu_step_profile-$mode-$TAG$CALL | head -8
+      mkdir -p "$W/results"; cp benchmarks/results/gpu_step_profile-$mode-$TAG$CALL.* "$W/results/" 2>/dev/null
+    done
     ;;
   probe)  # patch whitening's fit in a fresh process, device cold or prepared (hasten.runtime.prepare_device)
     (cd benchmarks && timeout 90 python3 whiten_fit_probe.py --device cuda --rounds 2 --name whiten_fit_probe-$TAG$CALL)

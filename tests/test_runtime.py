@@ -128,3 +128,37 @@ def test_timed_segments_end_with_the_device_work_done(monkeypatch):
     assert tr.state.timestamp.train_seconds == 26.0
     # two segment ends, both edges of both evaluations, the end of fit: never inside a step
     assert clock["syncs"] == [3.0, 13.0, 15.0, 18.0, 28.0, 30.0, 30.0]
+
+
+def test_make_runtime_prepares_the_resolved_device_before_seeding(monkeypatch):
+    import hasten.runtime as runtime_mod
+    calls = []
+    monkeypatch.setattr(runtime_mod, "prepare_device", lambda dev: calls.append((dev, torch.initial_seed())))
+    torch.manual_seed(123)
+    make_runtime(device="cpu", seed=5)
+    assert calls == [(torch.device("cpu"), 123)]   # once, with the device, before the run's seed
+
+
+def test_prepare_device_does_nothing_off_cuda_and_on_cuda_runs_a_product_in_fp32_and_fp64(monkeypatch):
+    import contextlib
+    from hasten.runtime import prepare_device
+
+    def no_cuda(*a, **k):
+        raise AssertionError("touched CUDA")
+
+    monkeypatch.setattr(torch.cuda, "synchronize", no_cuda)
+    prepare_device(torch.device("cpu"))            # nothing queued, nothing to prepare
+    # the CUDA branch, with CUDA stood in for by the CPU: products in both dtypes, then a wait
+    seen, synced = [], []
+    real_ones = torch.ones
+
+    def ones_here(*shape, device=None, dtype=None):
+        seen.append((device, dtype))
+        return real_ones(*shape, dtype=dtype)
+
+    monkeypatch.setattr(torch, "ones", ones_here)
+    monkeypatch.setattr(torch.cuda, "device", lambda dev: contextlib.nullcontext())
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda dev=None: synced.append(dev))
+    prepare_device(torch.device("cuda", 0))
+    assert [d for _, d in seen] == [torch.float32, torch.float64]
+    assert all(dev == torch.device("cuda", 0) for dev, _ in seen) and synced == [torch.device("cuda", 0)]
