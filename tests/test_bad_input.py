@@ -40,6 +40,8 @@ def _one_line_error(capsys, code, expected_code, *needles):
     ("optimizer.adam.betas=[0.9,1.5]", ["optimizer.adam.betas"]),
     ("trainer.eval_interval=ten", ["trainer.eval_interval", "cannot read"]),
     ("algorithms.ema.decay=2", ["algorithms.ema", "decay"]),
+    ("trainer.compile_mode=fast", ["trainer.compile_mode", "reduce-overhead"]),
+    ("trainer.compile_mode=reduce-overhead", ["trainer.compile_mode", "trainer.compile=true"]),
 ])
 def test_out_of_range_settings_are_one_line_errors_before_anything_is_built(tmp_path, capsys, override, needles):
     code = main(["train", str(TINY), f"trainer.run_dir={tmp_path / 'run'}"] + QUICK + [override])

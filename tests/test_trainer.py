@@ -443,3 +443,28 @@ def test_ignored_targets_count_nowhere_in_training_and_evaluation(grad_accum, li
     with torch.no_grad():
         true_val = F.cross_entropy(model(x).flatten(0, 1), y.flatten(), ignore_index=-100).item()
     assert tr.state.eval_metrics["val/loss"] == pytest.approx(true_val, rel=1e-6)
+
+
+def test_compile_mode_reaches_torch_compile_and_cuda_graph_modes_mark_every_step(tmp_path, monkeypatch):
+    """trainer.compile_mode is torch.compile's mode; where it captures CUDA graphs (on a GPU) each
+    training step, warm-up steps included, begins a new generation of the graphs' outputs
+    (torch.compiler.cudagraph_mark_step_begin). Checked on the CPU with torch.compile stood in
+    for, and the GPU rule forced."""
+    from pathlib import Path
+
+    import hasten.distributed.prepare as prepare
+    from hasten.cli import main
+    asked, marks = [], []
+    monkeypatch.setattr(prepare.torch, "compile", lambda model, **kw: asked.append(kw) or model)
+    monkeypatch.setattr(torch.compiler, "cudagraph_mark_step_begin", lambda: marks.append(1))
+    tiny = Path(__file__).parent / "helpers" / "tiny_lm.yaml"
+    code = main(["train", str(tiny), f"trainer.run_dir={tmp_path / 'run'}", "trainer.max_duration=2ba",
+                 "trainer.eval_interval=2ba", "trainer.compile=true", "trainer.compile_mode=reduce-overhead",
+                 "--no-progress"])
+    assert code == 0 and asked == [{"dynamic": False, "mode": "reduce-overhead"}]
+    assert marks == []   # on the CPU there are no CUDA graphs to mark
+    t = Trainer(mlp(), loader(n=24, batch_size=8), max_duration="3ba", compile={"mode": "reduce-overhead"})
+    assert t._graph_steps is False
+    t._graph_steps = True   # what a CUDA device gives
+    t.fit(summary=False)
+    assert len(marks) == 1 + 3   # the warm-up's step on the batch's one shape, then 3 steps

@@ -270,6 +270,11 @@ def tracker_loggers(t, run_dir: Path, name: str) -> list:
 def _step_options(t) -> StepOptions:
     """trainer.* step settings; the old trainer.fsdp.activation_checkpointing still counts, and warns."""
     step = _options(StepOptions, t)
+    if t.compile_mode is not None:
+        if not t.compile:
+            raise ConfigError(f"trainer.compile_mode={t.compile_mode} is torch.compile's mode: add trainer.compile=true "
+                              "(or drop compile_mode)")
+        step = dataclasses.replace(step, compile={"mode": t.compile_mode})
     if t.fsdp.activation_checkpointing and not t.activation_checkpointing:
         warnings.warn("trainer.fsdp.activation_checkpointing moved to trainer.activation_checkpointing, which works "
                       "with or without FSDP", DeprecationWarning, stacklevel=2)

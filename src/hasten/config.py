@@ -48,6 +48,8 @@ class TrainerConfig:
     """auto (CUDA, then MPS, then CPU), cpu, cuda, cuda:N or mps."""
     compile: bool = False
     """Run the forward pass under torch.compile."""
+    compile_mode: Optional[Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"]] = None
+    """torch.compile's mode, with compile: true (reduce-overhead and max-autotune capture CUDA graphs on a GPU: fewer launches a step); default: torch's."""
     grad_accum: int = setting(1, ge=1)
     """Split each batch into this many micro-batches (the same step as one large batch)."""
     microbatch: Union[int, Literal["auto"], None] = None

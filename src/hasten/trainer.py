@@ -35,6 +35,8 @@ from .runtime import PRECISIONS, Runtime  # noqa: F401  (PRECISIONS: re-exported
 (AFTER_BACKWARD, AFTER_DATALOADER, AFTER_FORWARD, AFTER_LOSS, AFTER_OPTIM_STEP, BATCH_END, BATCH_START, BEFORE_BACKWARD, BEFORE_DATALOADER, BEFORE_FORWARD, BEFORE_LOSS, BEFORE_OPTIM_STEP, CHECKPOINT, EPOCH_END, EPOCH_START, EVAL_BATCH_END, EVAL_BATCH_START, EVAL_END, EVAL_START, FIT_END, FIT_START, INIT, PREDICT_BATCH_END, PREDICT_END, PREDICT_START) = (
     Event.AFTER_BACKWARD, Event.AFTER_DATALOADER, Event.AFTER_FORWARD, Event.AFTER_LOSS, Event.AFTER_OPTIM_STEP, Event.BATCH_END, Event.BATCH_START, Event.BEFORE_BACKWARD, Event.BEFORE_DATALOADER, Event.BEFORE_FORWARD, Event.BEFORE_LOSS, Event.BEFORE_OPTIM_STEP, Event.CHECKPOINT, Event.EPOCH_END, Event.EPOCH_START, Event.EVAL_BATCH_END, Event.EVAL_BATCH_START, Event.EVAL_END, Event.EVAL_START, Event.FIT_END, Event.FIT_START, Event.INIT, Event.PREDICT_BATCH_END, Event.PREDICT_END, Event.PREDICT_START)
 
+CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")   # torch.compile modes that capture CUDA graphs
+
 
 class Trainer:
     """Trains a model. See the README for a tour and docs/trainer.md for every argument.
@@ -120,6 +122,10 @@ class Trainer:
         self._count_targets, self._step_loss = False, None   # set for each fit (_prepare_step)
         self._budget = parse_bytes(parts.step.memory_limit)   # trainer.memory_limit: activation bytes a micro-batch may save
         self._compiled = bool(parts.step.compile)
+        # CUDA graphs (compile modes reduce-overhead, max-autotune on a GPU): each training step
+        # starts a new generation of the graphs' outputs, so the last step's may be overwritten
+        self._graph_steps = (self.device.type == "cuda" and isinstance(parts.step.compile, dict)
+                             and parts.step.compile.get("mode") in CUDA_GRAPH_MODES)
         self._warm_pending, self._graphs_after_warmup = False, None
         self._eval_micro = None   # microbatch='auto': the evaluation batch size found to fit (None: whole)
         self._attach(self.state.callbacks)
@@ -290,6 +296,8 @@ class Trainer:
             n_tokens = count_tokens(batch_fn(batch)[1])
             if shared is not None:                                     # the clock counts all ranks' samples
                 n_samples, n_tokens = shared.count(n_samples, n_tokens, state.global_batch_size)
+            if self._graph_steps:
+                torch.compiler.cudagraph_mark_step_begin()
             step(state)                                                # forward, loss, reduce, backward
             if BEFORE_OPTIM_STEP in on: fire(BEFORE_OPTIM_STEP)        # noqa: E701  gradient clipping here
             if scaler is None:
@@ -385,6 +393,8 @@ class Trainer:
                 for other in state.algorithms:
                     if other is not producer and type(other).after_dataloader is not Algorithm.after_dataloader:
                         other.after_dataloader(state, self.logger)
+            if self._graph_steps:
+                torch.compiler.cudagraph_mark_step_begin()
             self._step(state)
             for opt in state.optimizers:
                 opt.zero_grad(set_to_none=True)
