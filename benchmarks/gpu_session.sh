@@ -9,7 +9,8 @@
 # against the compiled airbench94_muon peer, 3 seeds each), `eager` (uncompiled cifar10-fast
 # against the same peer runs), `peer8` (8 epochs, no resizing, against them), `peer8c` and `peer9c`
 # (compiled: the peer's procedure with all six test views; 9 epochs without resizing), `graphs`
-# (compiled with CUDA graphs: trainer.compile_mode=reduce-overhead), `probe`
+# (compiled with CUDA graphs: trainer.compile_mode=reduce-overhead), `muonloop` (compiled, Muon's
+# kernels stepped one at a time: the comparison for optimizer.muon.foreach's default), `probe`
 # (patch whitening's fit, device cold or prepared), `profile` (one step of each side under
 # torch.profiler: host and device time, kernels; benchmarks/gpu_step_profile.py), `float8` (a GPT in bf16 against float8, benchmarks/float8_gpt.py).
 #   bash benchmarks/gpu_session.sh bench ddp fsdp
@@ -80,6 +81,9 @@ for part in "$@"; do
     ;;
   graphs) # compiled with CUDA graphs (trainer.compile_mode=reduce-overhead) against the same peer runs
     vs_peer cifar10-fast-graphs-vs-muon-$TAG$CALL cifar10-fast+trainer.compile=true+trainer.compile_mode=reduce-overhead ${C_CAP:-150}
+    ;;
+  muonloop) # compiled, Muon stepping its kernels one at a time (optimizer.muon.foreach=false; on CUDA the default batches them)
+    vs_peer cifar10-fast-muonloop-vs-muon-$TAG$CALL cifar10-fast+trainer.compile=true+optimizer.muon.foreach=false ${C_CAP:-150}
     ;;
   peer9c) # compiled, 9 epochs at 32 px throughout (resizing saves nothing on a GPU), the recipe's TTA
     vs_peer cifar10-fast-9ep-noresize-compiled-vs-muon-$TAG$CALL \

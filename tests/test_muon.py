@@ -40,6 +40,69 @@ def test_conv_muon_equals_muon_on_the_flattened_kernel_in_any_layout():
     torch.testing.assert_close(cl, ref, rtol=1e-3, atol=1e-4)
 
 
+def test_same_shape_kernels_batched_equal_torch_muon_on_each_flattened_kernel_over_several_steps():
+    """ConvMuon stacks same-shape updates into one batched iteration and updates the momentum
+    with multi-tensor kernels: over three steps with momentum, Nesterov and weight decay, each
+    kernel (channels-last ones included, tall and wide shapes, a shape met once) follows
+    torch.optim.Muon run on that kernel alone, flattened."""
+    torch.manual_seed(0)
+    shapes = [(16, 8, 3, 3), (16, 8, 3, 3), (24, 2, 2, 2), (16, 8, 3, 3), (24, 2, 2, 2), (12, 4, 1, 1)]
+    weights = [torch.randn(s) for s in shapes]
+    grads = [[torch.randn(s) for s in shapes] for _ in range(3)]
+    kw = dict(lr=0.1, weight_decay=0.05, momentum=0.9, nesterov=True)
+    ours = [nn.Parameter(w.clone().to(memory_format=torch.channels_last) if i % 2 else w.clone())
+            for i, w in enumerate(weights)]
+    opt = ConvMuon(ours, ns_dtype="bf16", foreach=True, **kw)
+    refs = [nn.Parameter(w.clone().view(w.shape[0], -1)) for w in weights]
+    ref_opts = [torch.optim.Muon([r], **kw) for r in refs]
+    for step in grads:
+        for p, r, g, o in zip(ours, refs, step, ref_opts):
+            p.grad, r.grad = g.clone().to(memory_format=torch.channels_last) if p.stride() != g.stride() else g.clone(), \
+                g.view(g.shape[0], -1).clone()
+            o.step()
+        opt.step()
+    for p, r in zip(ours, refs):
+        torch.testing.assert_close(p.detach().reshape(p.shape[0], -1), r.detach(), rtol=1e-3, atol=1e-4)
+
+
+def test_foreach_follows_torch_optims_rule_and_the_loop_gives_the_same_steps():
+    """foreach=None steps parameters one at a time off CUDA (the faster form on a CPU); forced on,
+    the batched form gives the same parameters up to the rounding of batched products."""
+    torch.manual_seed(0)
+    shapes = [(16, 8, 3, 3)] * 3 + [(8, 8, 3, 3)]
+    weights, grads = [torch.randn(s) for s in shapes], [torch.randn(s) for s in shapes]
+    out = {}
+    for foreach in (None, False, True):
+        ps = [nn.Parameter(w.clone()) for w in weights]
+        opt = ConvMuon(ps, lr=0.1, weight_decay=0.01, momentum=0.9, ns_dtype="fp32", foreach=foreach)
+        calls = []
+        real = torch._foreach_lerp_
+        torch._foreach_lerp_ = lambda *a, **k: calls.append(1) or real(*a, **k)
+        try:
+            for _ in range(2):
+                for p, g in zip(ps, grads):
+                    p.grad = g.clone()
+                opt.step()
+        finally:
+            torch._foreach_lerp_ = real
+        out[foreach] = ([p.detach().clone() for p in ps], len(calls))
+    assert out[None][1] == 0 and out[False][1] == 0 and out[True][1] == 2
+    assert all(torch.equal(a, b) for a, b in zip(out[None][0], out[False][0]))
+    for a, b in zip(out[True][0], out[False][0]):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_newton_schulz_on_a_stack_equals_it_on_each_matrix():
+    from hasten.optim.muon import newton_schulz
+    torch.manual_seed(0)
+    for rows, cols in ((8, 20), (20, 8)):
+        stack = torch.randn(3, rows, cols)
+        each = torch.stack([newton_schulz(m, steps=3, dtype=torch.float32) for m in stack])
+        torch.testing.assert_close(newton_schulz(stack, steps=3, dtype=torch.float32), each, rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError, match="matrix or a stack"):
+        newton_schulz(torch.randn(2, 2, 2, 2))
+
+
 def _ill_conditioned(rows=64, cols=32):
     u, _ = torch.linalg.qr(torch.randn(rows, rows))
     v, _ = torch.linalg.qr(torch.randn(cols, cols))

@@ -138,6 +138,8 @@ class MuonSettings:
     """Rescale each Muon parameter to norm sqrt(rows) before its update."""
     ns_dtype: Literal["auto", "bf16", "fp32"] = "auto"
     """Newton-Schulz precision; auto: follows trainer.precision (bf16 under bf16-mixed, fp32 otherwise)."""
+    foreach: Optional[bool] = None
+    """Multi-tensor kernels and the iteration batched over same-shape kernels (ConvMuon); null: on CUDA only, as torch.optim decides."""
     others: Literal["adamw", "sgd"] = "adamw"
     """The optimizer of the rest: adamw (optimizer.adam, one group) or sgd (optimizer.sgd, the group rules)."""
 

@@ -61,19 +61,45 @@ def ns_dtype_for(setting: str, precision: str = "fp32") -> torch.dtype:
 def newton_schulz(g: torch.Tensor, coefficients=(3.4445, -4.775, 2.0315), steps: int = 5, eps: float = 1e-7,
                   dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
     """Orthogonalise a matrix (singular values pushed towards 1) with the quintic Newton-Schulz
-    iteration torch.optim.Muon uses, computed in `dtype`; returns a tensor of that dtype."""
-    if g.ndim != 2:
-        raise ValueError(f"newton_schulz takes a matrix, got shape {tuple(g.shape)}")
+    iteration torch.optim.Muon uses, computed in `dtype`; returns a tensor of that dtype. A stack
+    of same-shape matrices (b, m, n) is orthogonalised matrix by matrix in batched products:
+    one launch per product for the whole stack."""
+    if g.ndim not in (2, 3):
+        raise ValueError(f"newton_schulz takes a matrix or a stack of matrices, got shape {tuple(g.shape)}")
     a, b, c = coefficients
     x = g.to(dtype)
-    tall = x.size(0) > x.size(1)
+    tall = x.size(-2) > x.size(-1)
     if tall:
-        x = x.T
-    x = x / x.norm().clamp(min=eps)
-    for _ in range(steps):
-        gram = x @ x.T
-        x = torch.addmm(x, torch.addmm(gram, gram, gram, beta=b, alpha=c), x, beta=a)
-    return x.T if tall else x
+        x = x.mT
+    if x.ndim == 2:
+        x = x / x.norm().clamp(min=eps)
+        for _ in range(steps):
+            gram = x @ x.T
+            x = torch.addmm(x, torch.addmm(gram, gram, gram, beta=b, alpha=c), x, beta=a)
+    else:
+        x = x / torch.linalg.vector_norm(x, dim=(-2, -1), keepdim=True).clamp(min=eps)
+        for _ in range(steps):
+            gram = x @ x.mT
+            x = torch.baddbmm(x, torch.baddbmm(gram, gram, gram, beta=b, alpha=c), x, beta=a)
+    return x.mT if tall else x
+
+
+def orthogonalise_all(updates: list, orthogonalise) -> list:
+    """`orthogonalise` applied to each matrix of `updates`, same-shape matrices (same dtype and
+    device) stacked and done in one batched call: fewer, larger launches (a network's blocks
+    often repeat a shape: three of the CIFAR speedrun net's six Muon kernels are 256 x 2304)."""
+    out: list = [None] * len(updates)
+    groups: dict = {}
+    for i, u in enumerate(updates):
+        groups.setdefault((tuple(u.shape), u.dtype, u.device), []).append(i)
+    for idx in groups.values():
+        if len(idx) == 1:
+            out[idx[0]] = orthogonalise(updates[idx[0]])
+        else:
+            done = orthogonalise(torch.stack([updates[i] for i in idx]))
+            for j, i in enumerate(idx):
+                out[i] = done[j]
+    return out
 
 
 def _lr_ratio(adjust_lr_fn: str | None, rows: int, cols: int) -> float:
@@ -117,18 +143,23 @@ class ConvMuon(torch.optim.Muon):
     step relative to the weights, for the whole run).
 
     `ns_dtype` sets the precision of the Newton-Schulz iteration ('auto', 'bf16', 'fp32'; see
-    the module docstring; 'auto' follows `precision`); with 'bf16' the update is torch.optim.Muon's."""
+    the module docstring; 'auto' follows `precision`); with 'bf16' the update is torch.optim.Muon's.
+
+    `foreach`, as in torch.optim: None (the default) uses multi-tensor kernels and batches the
+    iteration over same-shape matrices when the parameters are on CUDA, and steps them one at a
+    time elsewhere; True or False decide outright. The updates are the same either way (up to
+    the rounding of batched products)."""
 
     def __init__(self, params, lr: float = 1e-3, weight_decay: float = 0.1, momentum: float = 0.95,
                  nesterov: bool = True, ns_coefficients=(3.4445, -4.775, 2.0315), eps: float = 1e-7,
                  ns_steps: int = 5, adjust_lr_fn: str | None = None, normalize_weights: bool = False,
-                 ns_dtype: str = "auto", precision: str = "fp32"):
+                 ns_dtype: str = "auto", precision: str = "fp32", foreach: bool | None = None):
         # resolved now (an unknown setting or rule is refused here rather than at the first step)
         ns_dtype = "bf16" if ns_dtype_for(ns_dtype, precision) == torch.bfloat16 else "fp32"
         _lr_ratio(adjust_lr_fn, 1, 1)
         defaults = dict(lr=lr, weight_decay=weight_decay, momentum=momentum, nesterov=nesterov,
                         ns_coefficients=ns_coefficients, eps=eps, ns_steps=ns_steps, adjust_lr_fn=adjust_lr_fn,
-                        normalize_weights=normalize_weights, ns_dtype=ns_dtype)
+                        normalize_weights=normalize_weights, ns_dtype=ns_dtype, foreach=foreach)
         torch.optim.Optimizer.__init__(self, params, defaults)   # Muon's own check allows 2-D only
         for group in self.param_groups:
             for p in group["params"]:
@@ -148,15 +179,32 @@ class ConvMuon(torch.optim.Muon):
                         p.mul_(p.shape[0] ** 0.5 / p.norm().clamp_min(group["eps"]))
             params, grads, bufs = [], [], []
             self._init_group(group, params, grads, bufs)
+            if not params:
+                continue
             lr, wd, mom = float(group["lr"]), group["weight_decay"], group["momentum"]
-            for p, g, buf in zip(params, grads, bufs):
-                # the same update as torch.optim.Muon, with the iteration in the chosen dtype
-                buf.lerp_(g, 1 - mom)
-                update = g.lerp(buf, mom) if group["nesterov"] else buf
-                orthogonalise = lambda m: newton_schulz(m, group["ns_coefficients"], group["ns_steps"],  # noqa: E731
-                                                        group["eps"], NS_DTYPES[group.get("ns_dtype", "fp32")])
-                update = _whole_matrix_update(update, orthogonalise) if is_dtensor(p) else orthogonalise(update)
-                p.mul_(1 - lr * wd)
+            orthogonalise = lambda m: newton_schulz(m, group["ns_coefficients"], group["ns_steps"],  # noqa: E731
+                                                    group["eps"], NS_DTYPES[group.get("ns_dtype", "fp32")])
+            foreach = group.get("foreach")
+            if foreach is None:   # torch.optim's rule: multi-tensor kernels on CUDA, a loop elsewhere
+                foreach = params[0].is_cuda
+            if not foreach or any(map(is_dtensor, params)):   # one parameter at a time (sharded: each update made whole)
+                for p, g, buf in zip(params, grads, bufs):
+                    buf.lerp_(g, 1 - mom)
+                    update = g.lerp(buf, mom) if group["nesterov"] else buf
+                    update = _whole_matrix_update(update, orthogonalise) if is_dtensor(p) else orthogonalise(update)
+                    p.mul_(1 - lr * wd)
+                    p.add_(update, alpha=-lr * _lr_ratio(group["adjust_lr_fn"], *p.shape))
+                continue
+            # foreach: the same update for all parameters at once, elementwise work as multi-tensor
+            # kernels and the iteration batched over same-shape matrices: fewer launches on a GPU.
+            # On a 2-core CPU the loop above was 8% faster (10.6 ms against 11.4 ms a step for
+            # the CIFAR speedrun net's kernels; 0.04% of its training step)
+            torch._foreach_lerp_(bufs, grads, 1 - mom)
+            updates = torch._foreach_lerp(grads, bufs, mom) if group["nesterov"] else bufs
+            updates = orthogonalise_all(updates, orthogonalise)
+            if wd:
+                torch._foreach_mul_(params, 1 - lr * wd)
+            for p, update in zip(params, updates):
                 p.add_(update, alpha=-lr * _lr_ratio(group["adjust_lr_fn"], *p.shape))
         return loss
 
@@ -187,7 +235,8 @@ class ConvMuon(torch.optim.Muon):
 
 def muon_for(params: list[torch.Tensor], lr: float = 0.02, momentum: float = 0.95, weight_decay: float = 0.0,
              adjust_lr_fn: str | None = None, ns_steps: int = 5, normalize_weights: bool = False,
-             nesterov: bool = True, ns_dtype: str = "auto", precision: str = "fp32") -> torch.optim.Optimizer:
+             nesterov: bool = True, ns_dtype: str = "auto", precision: str = "fp32",
+             foreach: bool | None = None) -> torch.optim.Optimizer:
     """torch.optim.Muon when every parameter is a matrix, no normalisation is asked, the
     iteration runs in bf16 and nothing is sharded; ConvMuon otherwise. Under FSDP ConvMuon
     gathers each sharded update explicitly (`_whole_matrix_update`, tested against one
@@ -200,7 +249,8 @@ def muon_for(params: list[torch.Tensor], lr: float = 0.02, momentum: float = 0.9
     if all(p.ndim == 2 for p in params) and not normalize_weights and bf16 and not any(map(is_dtensor, params)):
         opt = torch.optim.Muon(params, **kw)
     else:
-        opt = ConvMuon(params, normalize_weights=normalize_weights, ns_dtype=ns_dtype, precision=precision, **kw)
+        opt = ConvMuon(params, normalize_weights=normalize_weights, ns_dtype=ns_dtype, precision=precision,
+                       foreach=foreach, **kw)
     opt.param_groups[0]["name"] = "muon"
     return opt
 
@@ -210,7 +260,8 @@ def muon_optimizers(model: torch.nn.Module, muon_lr: float = 0.02, muon_momentum
                     adam_weight_decay: float = 0.0, exclude: tuple[str, ...] = DEFAULT_EXCLUDE,
                     adjust_lr_fn: str | None = None, fused: bool | None = None,
                     ns_steps: int = 5, normalize_weights: bool = False,
-                    ns_dtype: str = "auto", precision: str = "fp32") -> list[torch.optim.Optimizer]:
+                    ns_dtype: str = "auto", precision: str = "fp32",
+                    foreach: bool | None = None) -> list[torch.optim.Optimizer]:
     """[Muon over the hidden matrices and conv kernels, AdamW over the rest]: parameters with two
     or more dimensions whose names match none of `exclude` (embeddings and heads by default) go
     to Muon (`muon_lr`, `muon_momentum`, `muon_weight_decay`, `ns_steps` Newton-Schulz
@@ -221,7 +272,7 @@ def muon_optimizers(model: torch.nn.Module, muon_lr: float = 0.02, muon_momentum
     opts = []
     if hidden:
         opts.append(muon_for([p for _, p in hidden], muon_lr, muon_momentum, muon_weight_decay, adjust_lr_fn,
-                             ns_steps, normalize_weights, ns_dtype=ns_dtype, precision=precision))
+                             ns_steps, normalize_weights, ns_dtype=ns_dtype, precision=precision, foreach=foreach))
     if other:
         dev = other[0][1].device.type
         opts.append(torch.optim.AdamW([p for _, p in other], lr=adam_lr, betas=tuple(adam_betas),
