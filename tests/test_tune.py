@@ -40,6 +40,23 @@ def test_an_avx2_only_cpu_is_never_offered_bf16_and_says_why(monkeypatch):
     assert lm["loader"][0] == []
 
 
+def test_compile_options_fit_the_device_and_a_rejected_mode_is_taken_back_whole(monkeypatch):
+    """On a GPU tune also tries torch.compile's CUDA-graph mode (a recipe setting since
+    trainer.compile_mode); when the quality guard cannot check it, both of its overrides go."""
+    plan = _plan(str(TINY), {"avx2"}, monkeypatch)
+    assert [o.label for o in plan["compile"][0]] == ["eager", "compiled"]
+    monkeypatch.setattr(tune_mod.torch.cuda, "is_available", lambda: True)
+    plan = _plan(str(TINY), {"avx2"}, monkeypatch)
+    graphs = plan["compile"][0][-1]
+    assert graphs.label == "reduce-overhead"
+    load_recipe(str(TINY), graphs.overrides)   # a valid recipe as written
+    fixed = ["trainer.threads=2", *graphs.overrides]
+    decisions = {"compile": "reduce-overhead"}
+    table = [{"stage": "compile", "option": "reduce-overhead", "chosen": True, "miss": None}]
+    Tuner._exclude(["compile"], fixed, decisions, table, "excluded by the quality guard")
+    assert fixed == ["trainer.threads=2"] and not table[0]["chosen"]
+
+
 def _trial(label, step_s, *more_rounds, first=None):
     t = Trial(Option("x", label, []))
     for r, times in enumerate((step_s,) + more_rounds):

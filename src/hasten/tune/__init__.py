@@ -75,7 +75,8 @@ from ..registry import TASKS
 
 GUARDED = ("precision", "compile")   # stages whose options change the arithmetic
 BATCH_STATS = "microbatch"   # changes it too where the model normalises over the batch (batch norm)
-KEYS = {"precision": "trainer.precision=", "compile": "trainer.compile=", "microbatch": "trainer.microbatch="}
+KEYS = {"precision": "trainer.precision=", "compile": ("trainer.compile=", "trainer.compile_mode="),   # prefixes
+        "microbatch": "trainer.microbatch="}
 
 
 @dataclass
@@ -150,6 +151,8 @@ def stages(recipe: Recipe) -> list[tuple[str, list[Option], str]]:
                 "" if conv else "no 2-D convolutions in this task's models"))
     comp = [Option("compile", "eager", ["trainer.compile=false"]),
             Option("compile", "compiled", ["trainer.compile=true"])]
+    if cuda:   # CUDA graphs: a step's kernels replayed in one launch, for steps that wait on the host
+        comp.append(Option("compile", "reduce-overhead", ["trainer.compile=true", "trainer.compile_mode=reduce-overhead"]))
     out.append(("compile", comp, ""))
     if hasattr(d, "loader"):
         workers = max(1, (os.cpu_count() or 2) - 1)
