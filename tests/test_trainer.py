@@ -468,3 +468,38 @@ def test_compile_mode_reaches_torch_compile_and_cuda_graph_modes_mark_every_step
     t._graph_steps = True   # what a CUDA device gives
     t.fit(summary=False)
     assert len(marks) == 1 + 3   # the warm-up's step on the batch's one shape, then 3 steps
+
+
+def test_cuda_graph_modes_are_those_that_capture_graphs_and_only_on_cuda():
+    from hasten.distributed.prepare import captures_cuda_graphs
+    cuda, cpu = torch.device("cuda", 0), torch.device("cpu")
+    assert captures_cuda_graphs({"mode": "reduce-overhead"}, cuda) and captures_cuda_graphs({"mode": "max-autotune"}, cuda)
+    assert not captures_cuda_graphs({"mode": "reduce-overhead"}, cpu)
+    assert not captures_cuda_graphs(True, cuda) and not captures_cuda_graphs({"mode": "max-autotune-no-cudagraphs"}, cuda)
+    assert not captures_cuda_graphs({"mode": "default"}, cuda) and not captures_cuda_graphs(False, cuda)
+
+
+def test_evaluation_under_cuda_graphs_copies_each_forwards_outputs_and_tta_reads_them(monkeypatch):
+    """Under a CUDA-graph mode the evaluation forward copies its outputs out of the graphs'
+    memory (a later call may overwrite them); test-time augmentation, which combines several
+    forwards of a batch, goes through the copy and scores as without it. On the CPU, with the
+    GPU rule forced and torch.compile stood in for."""
+    import hasten.distributed.prepare as prepare
+    from hasten.algorithms import TTA
+    from hasten.distributed.prepare import CloneOutputs
+    x = torch.randn(3, 4)
+    out = CloneOutputs(lambda t: (t, {"a": t * 2, "n": 5}))(x)
+    assert torch.equal(out[0], x) and out[0].data_ptr() != x.data_ptr() and out[1]["n"] == 5
+    torch.manual_seed(0)
+    conv = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(4, 3))
+    data = [(torch.randn(6, 3, 8, 8), torch.randint(0, 3, (6,))) for _ in range(2)]
+    results = {}
+    for graphs in (False, True):
+        monkeypatch.setattr(prepare, "captures_cuda_graphs", lambda compile, device: graphs)
+        monkeypatch.setattr(prepare.torch, "compile", lambda model, **kw: model)
+        model = nn.Sequential(*[m for m in conv])   # the same modules, the same weights
+        t = Trainer(model, data, eval_dataloader=data, max_duration="1ba", compile={"mode": "reduce-overhead"},
+                    algorithms=[TTA(flip=True, translate=1)], optimizers=lambda m: torch.optim.SGD(m.parameters(), lr=0.0))
+        assert isinstance(t._eval_model, CloneOutputs) is graphs
+        results[graphs] = t.evaluate()
+    assert results[True] == results[False]

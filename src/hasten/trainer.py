@@ -24,7 +24,7 @@ from .data.batches import (batch_size, cut, forward, inputs_targets, shard_batch
                            token_count)
 from .data.resumable import epoch_iterator
 from .data.sharding import RankShare, last_batch_size, own_sharing
-from .distributed.prepare import ParallelOptions
+from .distributed.prepare import ParallelOptions, captures_cuda_graphs
 from .distributed.world import all_sum
 from .errors import TrainingError
 from .loss import IGNORE_INDEX, checked_loss, default_loss, logits_of, loss_fault  # noqa: F401  (loss_fault: re-exported)
@@ -34,8 +34,6 @@ from .runtime import PRECISIONS, Runtime  # noqa: F401  (PRECISIONS: re-exported
 # Events as module constants: looking members up on an Enum class is slow in Python 3.11.
 (AFTER_BACKWARD, AFTER_DATALOADER, AFTER_FORWARD, AFTER_LOSS, AFTER_OPTIM_STEP, BATCH_END, BATCH_START, BEFORE_BACKWARD, BEFORE_DATALOADER, BEFORE_FORWARD, BEFORE_LOSS, BEFORE_OPTIM_STEP, CHECKPOINT, EPOCH_END, EPOCH_START, EVAL_BATCH_END, EVAL_BATCH_START, EVAL_END, EVAL_START, FIT_END, FIT_START, INIT, PREDICT_BATCH_END, PREDICT_END, PREDICT_START) = (
     Event.AFTER_BACKWARD, Event.AFTER_DATALOADER, Event.AFTER_FORWARD, Event.AFTER_LOSS, Event.AFTER_OPTIM_STEP, Event.BATCH_END, Event.BATCH_START, Event.BEFORE_BACKWARD, Event.BEFORE_DATALOADER, Event.BEFORE_FORWARD, Event.BEFORE_LOSS, Event.BEFORE_OPTIM_STEP, Event.CHECKPOINT, Event.EPOCH_END, Event.EPOCH_START, Event.EVAL_BATCH_END, Event.EVAL_BATCH_START, Event.EVAL_END, Event.EVAL_START, Event.FIT_END, Event.FIT_START, Event.INIT, Event.PREDICT_BATCH_END, Event.PREDICT_END, Event.PREDICT_START)
-
-CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")   # torch.compile modes that capture CUDA graphs
 
 
 class Trainer:
@@ -124,8 +122,7 @@ class Trainer:
         self._compiled = bool(parts.step.compile)
         # CUDA graphs (compile modes reduce-overhead, max-autotune on a GPU): each training step
         # starts a new generation of the graphs' outputs, so the last step's may be overwritten
-        self._graph_steps = (self.device.type == "cuda" and isinstance(parts.step.compile, dict)
-                             and parts.step.compile.get("mode") in CUDA_GRAPH_MODES)
+        self._graph_steps = captures_cuda_graphs(parts.step.compile, self.device)
         self._warm_pending, self._graphs_after_warmup = False, None
         self._eval_micro = None   # microbatch='auto': the evaluation batch size found to fit (None: whole)
         self._attach(self.state.callbacks)

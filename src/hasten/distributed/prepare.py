@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
+import torch.utils._pytree as pytree
 
 from ..core.algorithm import parallel_refusal_message
 from ..core.event import Event
@@ -96,8 +97,33 @@ def prepare(state, engine, parallel: ParallelOptions, optimizers: Any = None, sc
     state.forward_model = forward_model
     # DDP: evaluate the module inside (no collectives in evaluation); FSDP: the sharded model
     # itself (its forward gathers parameters: every rank runs every evaluation batch)
-    return Prepared(forward_model=forward_model, eval_model=model if ddp is not None else forward_model,
-                    grad_sync=grad_sync)
+    eval_model = model if ddp is not None else forward_model
+    if captures_cuda_graphs(compile, device) and eval_model is forward_model:
+        eval_model = CloneOutputs(eval_model)
+    return Prepared(forward_model=forward_model, eval_model=eval_model, grad_sync=grad_sync)
+
+
+CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")   # torch.compile modes that capture CUDA graphs
+
+
+def captures_cuda_graphs(compile, device: torch.device) -> bool:
+    """Whether `compile` (the Trainer's setting) replays CUDA graphs on `device`."""
+    return device.type == "cuda" and isinstance(compile, dict) and compile.get("mode") in CUDA_GRAPH_MODES
+
+
+class CloneOutputs(torch.nn.Module):
+    """The evaluation forward of a model compiled with CUDA graphs, its outputs copied out of the
+    graphs' memory. In inference every call of a compiled function starts a new graph
+    iteration, which may overwrite the last call's outputs; an evaluation that combines several
+    forwards of one batch (test-time augmentation's views) would read overwritten logits (torch
+    raises an error when it does). The copy costs one small kernel a forward."""
+
+    def __init__(self, inner):
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, *args, **kwargs):
+        return pytree.tree_map_only(torch.Tensor, torch.clone, self.inner(*args, **kwargs))
 
 
 def build_optimizers(model: torch.nn.Module, optimizers: Any) -> list:
