@@ -81,7 +81,7 @@ def main() -> None:
                                  capture_output=True, text=True, check=True)
             runs[mode].append(json.loads(got.stdout.strip().splitlines()[-1]))
             print(mode, "round", r, [round(f["total"] * 1e3, 1) for f in runs[mode][-1]], "ms", flush=True)
-    rows = ["| device | fit in the process | " + " | ".join(f"{p} ms" for p in PARTS) + " | prepare_device ms |",
+    rows = ["| device state | fit in the process | " + " | ".join(f"{p} ms" for p in PARTS) + " | prepare_device ms |",
             "|---|---|" + "---|" * (len(PARTS) + 1)]
     for mode, procs in runs.items():
         for i, which in enumerate(("first", "second", "third")):
