@@ -36,6 +36,15 @@ from .runtime import PRECISIONS, Runtime  # noqa: F401  (PRECISIONS: re-exported
     Event.AFTER_BACKWARD, Event.AFTER_DATALOADER, Event.AFTER_FORWARD, Event.AFTER_LOSS, Event.AFTER_OPTIM_STEP, Event.BATCH_END, Event.BATCH_START, Event.BEFORE_BACKWARD, Event.BEFORE_DATALOADER, Event.BEFORE_FORWARD, Event.BEFORE_LOSS, Event.BEFORE_OPTIM_STEP, Event.CHECKPOINT, Event.EPOCH_END, Event.EPOCH_START, Event.EVAL_BATCH_END, Event.EVAL_BATCH_START, Event.EVAL_END, Event.EVAL_START, Event.FIT_END, Event.FIT_START, Event.INIT, Event.PREDICT_BATCH_END, Event.PREDICT_END, Event.PREDICT_START)
 
 
+def _marking_graph_steps(step: Callable) -> Callable:
+    """`step`, each call first starting a new iteration of the CUDA graphs (their outputs from
+    the last call may then be overwritten): one mark per training step, warm-up steps too."""
+    def marked(state):
+        torch.compiler.cudagraph_mark_step_begin()
+        step(state)
+    return marked
+
+
 class Trainer:
     """Trains a model. See the README for a tour and docs/trainer.md for every argument.
 
@@ -120,8 +129,8 @@ class Trainer:
         self._count_targets, self._step_loss = False, None   # set for each fit (_prepare_step)
         self._budget = parse_bytes(parts.step.memory_limit)   # trainer.memory_limit: activation bytes a micro-batch may save
         self._compiled = bool(parts.step.compile)
-        # CUDA graphs (compile modes reduce-overhead, max-autotune on a GPU): each training step
-        # starts a new generation of the graphs' outputs, so the last step's may be overwritten
+        # CUDA graphs (compile modes reduce-overhead, max-autotune on a GPU): the step marks its
+        # start (_prepare_step), so the last step's graph outputs may be overwritten
         self._graph_steps = captures_cuda_graphs(parts.step.compile, self.device)
         self._warm_pending, self._graphs_after_warmup = False, None
         self._eval_micro = None   # microbatch='auto': the evaluation batch size found to fit (None: whole)
@@ -239,6 +248,8 @@ class Trainer:
         step = self._forward_backward
         for algo in state.algorithms:
             step = algo.wrap_step(step)
+        if self._graph_steps:   # each try of a step starts a new generation of the CUDA graphs' outputs
+            step = _marking_graph_steps(step)
         self._step = self._redo_when_out_of_memory(step) if state.microbatch_auto else step
         # the training loss: the task's loss wrapped by every algorithm, built once (the loss seam)
         train_loss = state.loss_fn
@@ -293,8 +304,6 @@ class Trainer:
             n_tokens = count_tokens(batch_fn(batch)[1])
             if shared is not None:                                     # the clock counts all ranks' samples
                 n_samples, n_tokens = shared.count(n_samples, n_tokens, state.global_batch_size)
-            if self._graph_steps:
-                torch.compiler.cudagraph_mark_step_begin()
             step(state)                                                # forward, loss, reduce, backward
             if BEFORE_OPTIM_STEP in on: fire(BEFORE_OPTIM_STEP)        # noqa: E701  gradient clipping here
             if scaler is None:
@@ -390,8 +399,6 @@ class Trainer:
                 for other in state.algorithms:
                     if other is not producer and type(other).after_dataloader is not Algorithm.after_dataloader:
                         other.after_dataloader(state, self.logger)
-            if self._graph_steps:
-                torch.compiler.cudagraph_mark_step_begin()
             self._step(state)
             for opt in state.optimizers:
                 opt.zero_grad(set_to_none=True)
