@@ -197,8 +197,8 @@ class ConvMuon(torch.optim.Muon):
                 continue
             # foreach: the same update for all parameters at once, elementwise work as multi-tensor
             # kernels and the iteration batched over same-shape matrices: fewer launches on a GPU.
-            # On a 2-core CPU the loop above was 8% faster (10.6 ms against 11.4 ms a step for
-            # the CIFAR speedrun net's kernels; 0.04% of its training step)
+            # On a 2-core CPU the loop above was 7% faster (10.1 ms against 10.9 ms a step for
+            # the CIFAR speedrun net's kernels, benchmarks/muon_foreach_cost.py; 0.04% of a training step)
             torch._foreach_lerp_(bufs, grads, 1 - mom)
             updates = torch._foreach_lerp(grads, bufs, mom) if group["nesterov"] else bufs
             updates = orthogonalise_all(updates, orthogonalise)
