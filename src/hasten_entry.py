@@ -5,6 +5,14 @@ import sys
 
 
 def main() -> int:
+    if sys.argv[1:] == ["--version"]:
+        # answered from the installed package's metadata, without importing torch: instant
+        from importlib.metadata import PackageNotFoundError, version
+        try:
+            print(f"hasten {version('hasten')}")
+            return 0
+        except PackageNotFoundError:   # run from a source tree that is not installed
+            pass
     try:
         from hasten.cli import main as hasten_main
     except KeyboardInterrupt:

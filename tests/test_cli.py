@@ -26,6 +26,18 @@ def test_version_and_recipes(capsys):
     assert "shakespeare-char-baseline" in out and "cifar10-baseline" in out
 
 
+def test_version_is_answered_without_importing_torch_and_matches_the_package():
+    # the command's entry point answers --version from the package metadata; it must be the
+    # version hasten itself reports, and it must not pay torch's import (a second or two)
+    from importlib.metadata import version
+    assert version("hasten") == __version__
+    code = ("import sys; sys.argv = ['hasten', '--version']; import hasten_entry; rc = hasten_entry.main(); "
+            "print('torch' in sys.modules, rc)")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines() == [f"hasten {__version__}", "False 0"]
+
+
 def test_train_short_run_prints_results_and_paths(tmp_path):
     r = run_cli("train", "trainer.max_duration=30ba", "trainer.eval_interval=15ba", "data.batch_size=4",
                 "model.n_layer=1", "--no-progress", cwd=tmp_path)
