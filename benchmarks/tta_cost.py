@@ -26,8 +26,31 @@ from hasten.algorithms.tta import tta_logits
 from hasten.data.augment import translate as shift
 from hasten.build import recipe_runtime
 from hasten.checkpoint import CheckpointIO
-from hasten.config import load_recipe
+from hasten.config import available_recipes, load_recipe, to_dict
+from hasten.loggers.mlflow import flatten
 from hasten.tasks import TASKS
+
+
+def changes_from_packaged(recipe) -> list[str]:
+    """The trained run's settings that differ from the packaged recipe of its name, as
+    overrides (`model.widths=[64, 192, 192]`), so that a result names what was measured;
+    data.path is where the data lay, not a setting of the run."""
+    if recipe.name not in available_recipes():
+        return []
+    base, run = flatten(to_dict(load_recipe(recipe.name))), flatten(to_dict(recipe))
+    out = []
+    for k in sorted(set(base) | set(run)):
+        if k == "data.path" or base.get(k) == run.get(k):
+            continue
+        if k in run:
+            out.append(f"{k}={run[k]}")
+            continue
+        parts = k.split(".")   # a setting the run dropped: name the outermost part it dropped whole
+        gone = next(".".join(parts[:i]) for i in range(1, len(parts) + 1)
+                    if not any(r == ".".join(parts[:i]) or r.startswith(".".join(parts[:i]) + ".") for r in run))
+        if f"{gone}=null" not in out:
+            out.append(f"{gone}=null")
+    return out
 
 
 def main(argv=None) -> int:
@@ -107,8 +130,11 @@ def main(argv=None) -> int:
                      "time_s": t, "times_s": times[name], "ratio_to_full": ratio})
         rows.append(f"| {name} | {views:g} | {100 * acc:.2f} | {'–' if differ is None else differ} | {t:.2f} | "
                     f"{'–' if ratio is None else f'{ratio:.3f}'} |")
+    changed = changes_from_packaged(recipe)
     md = (f"# Test-time augmentation: cost and accuracy by translate fraction\n\n"
-          f"Trained run: recipe `{recipe.name}`, checkpoint `{ckpt.name}`; {len(labels)} test images, "
+          f"Trained run: recipe `{recipe.name}`"
+          + (f" with {', '.join(f'`{c}`' for c in changed)}" if changed else "")
+          + f", checkpoint `{ckpt.name}`; {len(labels)} test images, "
           f"{'bf16 autocast' if bf16 else 'fp32'}, channels-last, {args.rounds} interleaved rounds "
           f"(median time; ratio to f=1 from the same round). f: the fraction of each batch, least sure "
           f"by the plain view first, that also gets the mirror and the four views translated by "
@@ -116,7 +142,7 @@ def main(argv=None) -> int:
           f"every shift of that grid, equal weights.\n\n"
           "| setting | forward passes per image | test acc % | predictions that differ from f=1 | time s | vs f=1 |\n"
           "|---|---|---|---|---|---|\n" + "\n".join(rows) + "\n")
-    _, m = write_results(args.name, {"recipe": recipe.name, "checkpoint": ckpt.name, "rows": data}, md)
+    _, m = write_results(args.name, {"recipe": recipe.name, "recipe_changes": changed, "checkpoint": ckpt.name, "rows": data}, md)
     print(m.read_text())
     return 0
 
