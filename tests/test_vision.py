@@ -476,3 +476,43 @@ def test_bench_records_say_which_evaluation_seconds_a_method_counted():
     final = evals[-1]
     assert 0 < final["eval_method_s"] <= final["eval_s"]
     assert final["method_setup_s"] == pytest.approx(t.state.method_seconds) and t.state.method_seconds >= final["eval_method_s"]
+
+
+def _small_cifar_folder(path, n_train=100, n_test=60, seed=0):
+    """The official CIFAR-10 python layout with random images: 5 x `n_train` to train on."""
+    import pickle
+    g = torch.Generator().manual_seed(seed)
+    path.mkdir()
+    for name, n in [(f"data_batch_{i}", n_train) for i in range(1, 6)] + [("test_batch", n_test)]:
+        data = torch.randint(0, 256, (n, 3072), dtype=torch.uint8, generator=g).numpy()
+        labels = torch.randint(0, 10, (n,), generator=g).tolist()
+        (path / name).write_bytes(pickle.dumps({b"data": data, b"labels": labels}))
+    return path
+
+
+@pytest.mark.parametrize("foreach", [False, True])
+def test_the_speedrun_recipe_never_waits_on_the_device_inside_a_step(foreach, tmp_path):
+    """`cifar10-fast` as written (device loader with alternating flips and translation, patch
+    whitening with its bias freezing mid-run, progressive resizing, Muon, label smoothing, frozen
+    BN scale) reads no value back to the host between one batch's CHECKPOINT and the next's
+    BATCH_END, the loader's fetch included: on a GPU each such read would make the host wait for
+    the device every step. Caught at the dispatcher, so reads from C++ count too. Muon both
+    ways: its per-kernel loop (CPU's default) and its stacked multi-tensor step (CUDA's)."""
+    import sync_trap
+    from hasten.build import build_run
+    from hasten.config import load_recipe
+    data = _small_cifar_folder(tmp_path / "cifar")
+    recipe = load_recipe("cifar10-fast", [f"data.path={data}", "data.batch_size=50", "data.eval_batch_size=30",
+                                          "algorithms.patch_whitening.num_images=100",
+                                          "algorithms.patch_whitening.train_bias_for=1ep",
+                                          "trainer.max_duration=3ep", "trainer.eval_interval=3ep",
+                                          "trainer.log_interval=7ba", f"trainer.run_dir={tmp_path / 'run'}",
+                                          "trainer.precision=fp32", f"optimizer.muon.foreach={str(foreach).lower()}"])
+    run = build_run(recipe, progress_bar=True, console_logger=False)
+    mode, trap = sync_trap.dispatch_trap(quiet=True)
+    run.trainer.add_callbacks(trap)
+    with mode:
+        run.trainer.fit()
+    run.trainer.close()
+    assert run.trainer.state.timestamp.batch == 30
+    assert trap.steps == 30 - 3   # all but each epoch's first batch (the loader's epoch starts on the host)

@@ -1,5 +1,6 @@
 """Make host synchronisation inside training steps an error (for tests)."""
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from hasten.core import Algorithm, Callback
 
@@ -25,7 +26,37 @@ def install(monkeypatch, quiet: bool = False):
 
     for name in TRAPPED:
         monkeypatch.setattr(torch.Tensor, name, guard(name, getattr(torch.Tensor, name)))
+    return _armer(trap, quiet)
 
+
+# aten operators that copy a value to the host (on a GPU: wait for the device) or whose output
+# size depends on values; any Tensor method, Python conversion or C++ caller reaches them
+SCALAR_READS = {"_local_scalar_dense", "nonzero", "is_nonzero", "masked_select", "_unique2", "unique_dim",
+                "unique_consecutive", "repeat_interleave", "equal"}
+
+
+class ScalarReadTrap(TorchDispatchMode):
+    """Raises when an operator in SCALAR_READS runs while `trap["on"]`; enter it around a fit."""
+
+    def __init__(self, trap: dict):
+        super().__init__()
+        self.trap = trap
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if self.trap["on"] and func.overloadpacket.__name__ in SCALAR_READS:
+            raise AssertionError(f"host sync: aten.{func.overloadpacket.__name__} inside a training step")
+        return func(*args, **(kwargs or {}))
+
+
+def dispatch_trap(quiet: bool = False):
+    """As install(), caught at the dispatcher instead of on Tensor methods (so also reads from
+    C++ and from code that converts with float()/bool() on a result): returns (mode, armer);
+    run the fit inside `with mode:`. Eager code only (torch.compile traces through modes)."""
+    trap = {"on": False}
+    return ScalarReadTrap(trap), _armer(trap, quiet)
+
+
+def _armer(trap: dict, quiet: bool):
     class Trap(Algorithm):
         steps = 0
 
