@@ -42,6 +42,7 @@ def _one_line_error(capsys, code, expected_code, *needles):
     ("algorithms.ema.decay=2", ["algorithms.ema", "decay"]),
     ("trainer.compile_mode=fast", ["trainer.compile_mode", "reduce-overhead"]),
     ("trainer.compile_mode=reduce-overhead", ["trainer.compile_mode", "trainer.compile=true"]),
+    ("trainer.precision=fp8-mixed", ["trainer.precision", "algorithms.float8_training={}"]),
 ])
 def test_out_of_range_settings_are_one_line_errors_before_anything_is_built(tmp_path, capsys, override, needles):
     code = main(["train", str(TINY), f"trainer.run_dir={tmp_path / 'run'}"] + QUICK + [override])
@@ -186,3 +187,12 @@ def test_a_damaged_cache_is_rebuilt(tmp_path):
 ])
 def test_tune_options_out_of_range_get_one_line(capsys, args, needles):
     _one_line_error(capsys, main(["tune", str(TINY), *args]), 2, *needles)
+
+
+@pytest.mark.parametrize("command, named", [("tune", "RECIPE"), ("eval", "ARTIFACT"), ("compress", "RUN_OR_CHECKPOINT")])
+def test_a_missing_argument_names_only_what_is_required(capsys, command, named):
+    # overrides are optional: the usage error must not list KEY=VALUE as required
+    with pytest.raises(SystemExit) as e:
+        main([command])
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert e.value.code == 2 and err.endswith(f"the following arguments are required: {named}"), err

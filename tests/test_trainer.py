@@ -311,8 +311,11 @@ def test_warmup_start_factor_gives_a_triangle():
 
 
 def test_bad_arguments_are_explained():
-    with pytest.raises(ValueError, match="precision"):
+    with pytest.raises(ValueError, match=r"precision.*Float8Training\(\)"):
         Trainer(mlp(), precision="fp8", device="cpu")
+    with pytest.raises(ValueError, match="precision") as e:
+        Trainer(mlp(), precision="fp64", device="cpu")
+    assert "float8" not in str(e.value)
     with pytest.raises(ValueError, match="save_folder"):
         Trainer(mlp(), autoresume=True, device="cpu")
     with pytest.raises(ValueError, match="dur"):

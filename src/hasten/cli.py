@@ -405,7 +405,7 @@ def make_parser() -> argparse.ArgumentParser:
                        "Overrides are key.sub=value, e.g. trainer.max_duration=200ba optimizer.lr=3e-4.")
     t.add_argument("recipe", nargs="?", default=None,
                    help=f"recipe name (see 'hasten recipes') or YAML path; default {DEFAULT_RECIPE}")
-    t.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="config overrides")
+    t.add_argument("overrides", nargs="*", default=[], metavar="KEY=VALUE", help="config overrides")
     t.add_argument("--no-progress", action="store_true", help="no progress bar")
     t.add_argument("--print-config", action="store_true", help="print the resolved recipe and exit")
     t.add_argument("--print-events", action="store_true", help="print who runs at each event, in order, and exit")
@@ -448,7 +448,7 @@ def make_parser() -> argparse.ArgumentParser:
                        "with a report (markdown and JSON) beside it. Overrides (KEY=VALUE) change the stored "
                        "recipe, e.g. data.path=... where the data lies on this machine.")
     c.add_argument("source", metavar="RUN_OR_CHECKPOINT", help="a run folder of hasten train, or a checkpoint in one")
-    c.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="recipe overrides (e.g. data.path=...)")
+    c.add_argument("overrides", nargs="*", default=[], metavar="KEY=VALUE", help="recipe overrides (e.g. data.path=...)")
     c.add_argument("--prune", type=_fraction, default=0.0, metavar="S", help="unstructured magnitude pruning to "
                    "sparsity S in [0, 1) of the prunable weights (stem and head stay dense)")
     c.add_argument("--scope", choices=("global", "layer"), default="global",
@@ -471,7 +471,7 @@ def make_parser() -> argparse.ArgumentParser:
     e = sub.add_parser("eval", help="evaluate a compressed artifact on its recipe's evaluation data",
                        description="Rebuild the model an artifact describes and evaluate it as the run did.")
     e.add_argument("artifact", metavar="ARTIFACT")
-    e.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="recipe overrides (e.g. data.path=...)")
+    e.add_argument("overrides", nargs="*", default=[], metavar="KEY=VALUE", help="recipe overrides (e.g. data.path=...)")
     e.add_argument("--trust-code", action="store_true", help="import the code (model or data) a recipe written "
                    "by another user names (see docs/your-model.md: a recipe that names code runs it)")
     e.set_defaults(func=_cmd_eval)
@@ -482,7 +482,7 @@ def make_parser() -> argparse.ArgumentParser:
                        "change the arithmetic; writes a table, a plot and tuned.yaml (docs/tune.md). --lr runs a "
                        "learning-rate range test instead.")
     u.add_argument("recipe", metavar="RECIPE")
-    u.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="recipe overrides")
+    u.add_argument("overrides", nargs="*", default=[], metavar="KEY=VALUE", help="recipe overrides")
     u.add_argument("--budget", default="10m", help="wall-clock budget of the search (default 10m)")
     u.add_argument("--out", metavar="DIR", help="results folder (default tune-results/RECIPE)")
     u.add_argument("--fresh", action="store_true", help="measure again instead of printing the cached result")

@@ -432,6 +432,11 @@ def validate(raw: dict, tasks: dict | None = None, algorithms: dict | None = Non
                               "as an override) or change optimizer.name")
     if opt.sgd.per_example and opt.name != "sgdw":
         raise ConfigError(f"optimizer.sgd.per_example applies to sgdw only, not {opt.name!r}")
+    precision = (raw.get("trainer") or {}).get("precision") if isinstance(raw.get("trainer"), dict) else None
+    if isinstance(precision, str) and ("fp8" in precision.lower() or "float8" in precision.lower()):
+        raise ConfigError(f"trainer.precision: {precision!r} is not a precision here; float8 training is an "
+                          "algorithm on top of bf16-mixed: trainer.precision=bf16-mixed algorithms.float8_training={} "
+                          "(docs/methods/float8_training.md)")
     trainer = from_dict(TrainerConfig, raw.get("trainer"), "trainer")
     if Time.parse(trainer.max_duration).unit.value == "dur":
         raise ConfigError(f"trainer.max_duration: {trainer.max_duration!r} is a fraction of the run; "

@@ -119,7 +119,10 @@ def make_runtime(device: "str | torch.device" = "auto", precision: str = "fp32",
     this: it is their measured gain), 'tuned' whatever the device. See hasten.allocator.
     """
     if precision not in PRECISIONS:
-        raise ValueError(f"precision={precision!r}: use one of {PRECISIONS}")
+        fp8 = isinstance(precision, str) and ("fp8" in precision.lower() or "float8" in precision.lower())
+        raise ValueError(f"precision={precision!r}: use one of {PRECISIONS}"
+                         + ("; float8 training is an algorithm on top of bf16-mixed: precision='bf16-mixed', "
+                            "algorithms=[Float8Training()]" if fp8 else ""))
     if host_allocator not in ALLOCATOR_MODES:
         raise ValueError(f"host_allocator={host_allocator!r}: use one of {ALLOCATOR_MODES}")
     if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
