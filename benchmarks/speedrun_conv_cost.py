@@ -15,13 +15,18 @@ hasten's host allocator settings):
    beaten from Python: as a forward convolution with the roles of batch and channels swapped,
    and as nine GEMMs over shifted views (one per kernel offset). Each is checked against
    aten's result (relative error of the norm).
+4. Which oneDNN kernel runs each pass of each layer (`--kernels`, from oneDNN's verbose log of
+   one call each in a fresh process): the implementation's name says whether a pass gets the
+   brgemm kernels that the forward convolutions use or an older one.
 
     python benchmarks/speedrun_conv_cost.py --name speedrun_conv_cost-epyc-bf16
 """
 from __future__ import annotations
 
 import argparse
+import re
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -100,6 +105,47 @@ def layer_costs(batch: int, dtype, rounds: int) -> list[dict]:
     return rows
 
 
+PASSES = {"forward_training": "forward", "forward_inference": "forward", "backward_data": "input_grad",
+          "backward_weights": "weight_grad"}
+SHAPE = re.compile(r"ic(\d+)oc(\d+)_ih(\d+)")
+
+
+def probe_kernels(batch: int, dtype) -> None:
+    """In the probe process: each layer's three passes once under oneDNN's verbose log (to stdout)."""
+    cl = torch.channels_last
+    calls = []
+    for _, cin, cout, hw in LAYERS:
+        w = torch.randn(cout, cin, 3, 3, dtype=dtype).contiguous(memory_format=cl)
+        x = torch.randn(batch, cin, hw, hw, dtype=dtype).contiguous(memory_format=cl)
+        gy = torch.randn(batch, cout, hw, hw, dtype=dtype).contiguous(memory_format=cl)
+        calls.append(lambda x=x, w=w: F.conv2d(x, w, padding=1))
+        for mask in ([True, False, False], [False, True, False]):
+            calls.append(lambda x=x, w=w, gy=gy, mask=mask: torch.ops.aten.convolution_backward(
+                gy, x, w, None, [1, 1], [1, 1], [1, 1], False, [0, 0], 1, mask))
+    for call in calls:   # warm-up: kernels chosen and cached
+        call()
+    with torch.backends.mkldnn.verbose(torch.backends.mkldnn.VERBOSE_ON):
+        for call in calls:
+            call()
+
+
+def layer_kernels(batch: int, dtype) -> dict:
+    """{layer name: {pass: oneDNN implementation}} from a fresh process's verbose log."""
+    r = subprocess.run([sys.executable, __file__, "--kernels-probe", "--batch", str(batch),
+                        "--dtype", "bf16" if dtype == torch.bfloat16 else "fp32"],
+                       capture_output=True, text=True, timeout=1800)
+    found = {}
+    for line in r.stdout.splitlines():
+        f = line.split(",")
+        if len(f) < 8 or f[3] != "exec" or f[5] != "convolution" or f[7] not in PASSES:
+            continue
+        m = SHAPE.search(line)
+        if m:
+            found[(int(m[1]), int(m[2]), int(m[3]), PASSES[f[7]])] = f[6]
+    return {name: {p: found.get((cin, cout, hw, p), "not oneDNN") for p in ("forward", "input_grad", "weight_grad")}
+            for name, cin, cout, hw in LAYERS}
+
+
 def render(data: dict) -> str:
     prec = data["precision"]
     out = [f"# The speedrun network's convolutions on this CPU ({prec}, channels-last, batch {data['batch']})", "",
@@ -127,6 +173,11 @@ def render(data: dict) -> str:
                 f"Weight gradients at the forward convs' rate would take {tot['forward'] * 1e3:.0f} ms, "
                 f"{(tot['weight_grad'] - tot['forward']) * 1e3:.0f} ms less per step of batch {data['batch']} "
                 f"(a whole step: {data['batch'] / data['throughput'][str(data['batch'])] * 1e3:.0f} ms)."]
+    if data.get("kernels"):
+        out += ["", "## The oneDNN kernel of each pass", "",
+                "| layer | forward | input grad | weight grad |", "|---|---|---|---|"]
+        out += [f"| {name} | {k['forward']} | {k['input_grad']} | {k['weight_grad']} |"
+                for name, k in data["kernels"].items()]
     return "\n".join(out)
 
 
@@ -135,7 +186,14 @@ def main(argv=None) -> int:
     ap.add_argument("--batch", type=int, default=2000)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--name", default="speedrun_conv_cost")
+    ap.add_argument("--kernels", action="store_true", help="also name the oneDNN kernel of each pass of each layer")
+    ap.add_argument("--kernels-probe", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--dtype", choices=("bf16", "fp32"), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    if args.kernels_probe:
+        tune_host_allocator()
+        probe_kernels(args.batch, torch.bfloat16 if args.dtype == "bf16" else torch.float32)
+        return 0
     if args.batch < 1 or args.rounds < 1:
         ap.error("--batch and --rounds must be at least 1")
     tune_host_allocator()
@@ -148,6 +206,8 @@ def main(argv=None) -> int:
             "throughput": {str(b): bench_steps((64, 256, 256), max(2, args.rounds // 2), [(prec, True, False)],
                                                batch=b, steps=2)[0][label(prec, True, False)] for b in batches},
             "layers": layer_costs(args.batch, dtype, args.rounds)}
+    if args.kernels:
+        data["kernels"] = layer_kernels(args.batch, dtype)
     j, m = write_results(args.name, data, render(data))
     print(m.read_text())
     return 0
