@@ -26,7 +26,7 @@ PARTS = ("sample", "covariance", "eigh", "filters", "total")
 
 
 def one_process(device: str, prepared: bool) -> list[dict]:
-    from hasten.algorithms.patch_whitening import patch_covariance
+    from hasten.algorithms.patch_whitening import covariance_eigh, patch_covariance, whitening_filters
     from hasten.runtime import prepare_device
     dev = torch.device(device)
     sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
@@ -51,12 +51,11 @@ def one_process(device: str, prepared: bool) -> list[dict]:
             sync(); now = time.perf_counter(); times["sample"] = now - t; t = now                  # noqa: E702
             m, cov = patch_covariance(images, 2)
             sync(); now = time.perf_counter(); times["covariance"] = now - t; t = now              # noqa: E702
-            evals, evecs = torch.linalg.eigh(cov.double().cpu())
+            evals, evecs = covariance_eigh(cov)
             now = time.perf_counter(); times["eigh"] = now - t; t = now                            # noqa: E702
-            filters = (evecs.T / torch.sqrt(evals.clamp_min(0) + 5e-4).unsqueeze(1)).float().to(dev)
-            bias = -(filters @ m)
-            conv.weight.copy_(torch.cat([filters, -filters]).view(24, 3, 2, 2))
-            conv.bias.copy_(torch.cat([bias, -bias]))
+            filters, bias = whitening_filters(m, evals, evecs, 5e-4)
+            conv.weight.copy_(filters.view_as(conv.weight))   # as fit_patch_whitening writes them
+            conv.bias.copy_(bias)
             sync(); now = time.perf_counter(); times["filters"] = now - t                          # noqa: E702
         times["total"] = now - t0
         out.append({"prepare_s": t_prep, **times})
@@ -65,11 +64,16 @@ def one_process(device: str, prepared: bool) -> list[dict]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
+                    help="cuda where there is one, else cpu")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--name", default="whiten_fit_probe")
     ap.add_argument("--child", choices=("cold", "prepared"), help=argparse.SUPPRESS)
     a = ap.parse_args()
+    if a.device.startswith("cuda") and not torch.cuda.is_available():
+        ap.error(f"--device {a.device}: this machine has no CUDA device; use --device cpu")
+    if a.rounds < 1:
+        ap.error("--rounds must be at least 1")
     if a.child:
         print(json.dumps(one_process(a.device, a.child == "prepared")))
         return

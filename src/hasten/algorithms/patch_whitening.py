@@ -31,6 +31,25 @@ def patch_covariance(images: torch.Tensor, kernel: int) -> tuple[torch.Tensor, t
     return mean, (centred.T @ centred / len(centred)).float()
 
 
+def covariance_eigh(cov: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Eigenvalues and eigenvectors (columns) of the patch covariance, in float64 on the CPU:
+    a d x d problem (d = 12 for 2x2 RGB patches), and on a GPU the solver's first call in a
+    process costs far more than the work (library set-up)."""
+    return torch.linalg.eigh(cov.double().cpu())
+
+
+def whitening_filters(mean: torch.Tensor, evals: torch.Tensor, evecs: torch.Tensor, eps: float,
+                      negate: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    """The whitening conv's filters (rows, on `mean`'s device) and the bias that centres the
+    patches: V^T / sqrt(l + eps) and minus the filtered mean; with `negate`, each followed by
+    its negative."""
+    filters = (evecs.T / torch.sqrt(evals.clamp_min(0) + eps).unsqueeze(1)).float().to(mean.device)
+    bias = -(filters @ mean)
+    if negate:
+        filters, bias = torch.cat([filters, -filters]), torch.cat([bias, -bias])
+    return filters, bias
+
+
 @torch.no_grad()
 def fit_patch_whitening(conv: nn.Conv2d, images: torch.Tensor, eps: float = 5e-4, negate: bool = True) -> None:
     """Set `conv`'s filters (and bias) to whiten the `k x k` patches of `images` (N, C, H, W): filters
@@ -46,13 +65,8 @@ def fit_patch_whitening(conv: nn.Conv2d, images: torch.Tensor, eps: float = 5e-4
         raise ValueError(f"a whitening conv on {conv.in_channels} channels with kernel {k} needs "
                          f"{want} output channels (negate={negate}); it has {conv.out_channels}")
     mean, cov = patch_covariance(images, k)
-    # a d x d eigendecomposition (d = 12 for 2x2 RGB patches) on the CPU: on a GPU the solver's
-    # first call in a process costs far more than the work (library set-up)
-    evals, evecs = torch.linalg.eigh(cov.double().cpu())
-    filters = (evecs.T / torch.sqrt(evals.clamp_min(0) + eps).unsqueeze(1)).float().to(cov.device)   # rows: filters
-    bias = -(filters @ mean)
-    if negate:
-        filters, bias = torch.cat([filters, -filters]), torch.cat([bias, -bias])
+    evals, evecs = covariance_eigh(cov)
+    filters, bias = whitening_filters(mean, evals, evecs, eps, negate)
     conv.weight.copy_(filters.view(want, conv.in_channels, k, k))
     if conv.bias is not None:
         conv.bias.copy_(bias)
