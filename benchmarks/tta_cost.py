@@ -6,7 +6,9 @@ with the six flip-and-translate views given to a fraction f of each batch (the i
 plain view gives the smallest top-1 over top-2 probability margin; the rest keep the plain
 view). `--grids 1,2` adds larger view sets for every image: the mirror pair at every shift of
 a (2R+1) x (2R+1) grid (R = 1: 18 views; R = 2: 50), equally weighted, to show what views
-beyond the six buy. The host allocator is set as the Trainer sets it. Settings are interleaved round by
+beyond the six buy. `--scales 28,36` adds f=1's views plus the mirror pair of each image
+resized to that size (at weight 1/5), to show what a change of scale at test time buys
+after progressive resizing trained the network at several sizes. The host allocator is set as the Trainer sets it. Settings are interleaved round by
 round; times are medians over rounds, with the ratio to full TTA (f = 1) from the same round.
 
     hasten train cifar10-fast                 # writes runs/<name>/checkpoints/ep9-ba225.pt
@@ -20,6 +22,7 @@ import time
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 
 from common import write_results
 from hasten.algorithms.tta import tta_logits
@@ -60,6 +63,8 @@ def main(argv=None) -> int:
     ap.add_argument("--fractions", default="1,0.5,0.3,0.2,0.15", help="translate fractions to measure")
     ap.add_argument("--translate", type=int, default=1)
     ap.add_argument("--grids", default="", help="radii R of the larger view sets to add, e.g. 1,2 (default none)")
+    ap.add_argument("--scales", default="", help="image sizes S in px of a rescaled mirror pair to add to f=1's "
+                    "views at weight 1/5, e.g. 28,36 (default none)")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--name", default="tta_cost")
     args = ap.parse_args(argv)
@@ -69,6 +74,12 @@ def main(argv=None) -> int:
         ap.error(f"--grids takes whole numbers separated by commas, e.g. 1,2; got {args.grids!r}")
     if any(r < 1 for r in radii):
         ap.error(f"--grids: each radius must be at least 1, got {args.grids!r}")
+    try:
+        sizes = [int(v) for v in args.scales.split(",") if v]
+    except ValueError:
+        ap.error(f"--scales takes whole numbers of pixels separated by commas, e.g. 28,36; got {args.scales!r}")
+    if any(v < 8 for v in sizes):
+        ap.error(f"--scales: each size must be at least 8 px, got {args.scales!r}")
 
     ckpt = Path(args.checkpoint)
     recipe_file = ckpt.parent.parent / "recipe.yaml"
@@ -84,10 +95,11 @@ def main(argv=None) -> int:
     bf16 = runtime.precision == "bf16-mixed"
     batches = [(x.to(device), y.to(device)) for x, y in built.eval_dataloader]
 
-    # (name, translate, fraction, flip, grid radius: 0 for tta_logits' views)
-    settings = [("plain", 0, 1.0, False, 0), ("mirror", 0, 1.0, True, 0)] + [
-        (f"f={f:g}", args.translate, float(f), True, 0) for f in map(float, args.fractions.split(","))] + [
-        (f"grid {2 * r + 1}x{2 * r + 1}", 0, 1.0, True, r) for r in radii]
+    # (name, translate, fraction, flip, grid radius: 0 for tta_logits' views, rescaled size: 0 for none)
+    settings = [("plain", 0, 1.0, False, 0, 0), ("mirror", 0, 1.0, True, 0, 0)] + [
+        (f"f={f:g}", args.translate, float(f), True, 0, 0) for f in map(float, args.fractions.split(","))] + [
+        (f"grid {2 * r + 1}x{2 * r + 1}", 0, 1.0, True, r, 0) for r in radii] + [
+        (f"f=1 + {v} px pair", args.translate, 1.0, True, 0, v) for v in sizes]
 
     def grid_logits(x, r):   # the mirror pair at every shift within r pixels, equal weights
         n, total = x.shape[0], 0
@@ -98,33 +110,42 @@ def main(argv=None) -> int:
                 total = total + model(z).float() + model(z.flip(-1)).float()
         return total / (2 * (2 * r + 1) ** 2)
 
+    def scaled_pair(x, size):   # the image and its mirror resized to size px (area down, bilinear up)
+        mode = "area" if size < x.shape[-1] else "bilinear"
+        z = F.interpolate(x, size=(size, size), mode=mode, **({} if mode == "area" else {"align_corners": False}))
+        z = z.contiguous(memory_format=torch.channels_last)
+        return (model(z).float() + model(z.flip(-1)).float()) / 2
+
     @torch.no_grad()
-    def predict(translate, fraction, flip, grid):
+    def predict(translate, fraction, flip, grid, size):
         out = []
         with torch.autocast(device.type, torch.bfloat16, enabled=bf16):
             for x, _ in batches:
-                out.append(grid_logits(x, grid) if grid else
-                           tta_logits(model, x, flip=flip, translate=translate, fraction=fraction))
+                if grid:
+                    out.append(grid_logits(x, grid))
+                    continue
+                logits = tta_logits(model, x, flip=flip, translate=translate, fraction=fraction).float()
+                out.append(0.8 * logits + 0.2 * scaled_pair(x, size) if size else logits)
         return torch.cat(out).float()
 
     labels = torch.cat([y for _, y in batches])
-    predict(0, 1.0, False, 0)                               # warm-up
+    predict(0, 1.0, False, 0, 0)                            # warm-up
     times = {s[0]: [] for s in settings}
     preds = {}
     for _ in range(args.rounds):
-        for name, translate, fraction, flip, grid in settings:
+        for name, *how in settings:
             t0 = time.perf_counter()
-            logits = predict(translate, fraction, flip, grid)
+            logits = predict(*how)
             times[name].append(time.perf_counter() - t0)
             preds[name] = logits.argmax(-1)
     full = "f=1" if "f=1" in preds else None
     rows, data = [], []
-    for name, translate, fraction, flip, grid in settings:
+    for name, translate, fraction, flip, grid, size in settings:
         acc = (preds[name] == labels).float().mean().item()
         differ = int((preds[name] != preds[full]).sum()) if full else None
         ratio = statistics.median(a / b for a, b in zip(times[name], times[full])) if full else None
         views = (2 * (2 * grid + 1) ** 2 if grid else
-                 1 + ((2 if flip else 1) * (3 if translate else 1) - 1) * fraction)
+                 1 + ((2 if flip else 1) * (3 if translate else 1) - 1) * fraction + (2 if size else 0))
         t = statistics.median(times[name])
         data.append({"setting": name, "views_per_image": views, "acc": acc, "differ_from_full": differ,
                      "time_s": t, "times_s": times[name], "ratio_to_full": ratio})
@@ -139,7 +160,8 @@ def main(argv=None) -> int:
           f"(median time; ratio to f=1 from the same round). f: the fraction of each batch, least sure "
           f"by the plain view first, that also gets the mirror and the four views translated by "
           f"±{args.translate} px; the rest keep the plain view's logits. A grid: every image, the mirror pair at "
-          f"every shift of that grid, equal weights.\n\n"
+          f"every shift of that grid, equal weights. A rescaled pair: f=1's logits at weight 4/5 and the mirror "
+          f"pair of the image resized to that size at 1/5.\n\n"
           "| setting | forward passes per image | test acc % | predictions that differ from f=1 | time s | vs f=1 |\n"
           "|---|---|---|---|---|---|\n" + "\n".join(rows) + "\n")
     _, m = write_results(args.name, {"recipe": recipe.name, "recipe_changes": changed, "checkpoint": ckpt.name, "rows": data}, md)
