@@ -21,6 +21,7 @@ from .core.time import Time
 from .distributed.fsdp import FSDPOptions
 from .errors import ConfigError, brief
 from .registry import ALGORITHMS, TASKS
+from .runtime import names_float8
 # the schema helpers live in a leaf module (tasks import them without importing this one);
 # check_time, coerce and from_dict are re-exported here for existing users
 from .schema import (NUMBER, DataSection, ModelSection, check_time, coerce, device_string,  # noqa: F401
@@ -433,7 +434,7 @@ def validate(raw: dict, tasks: dict | None = None, algorithms: dict | None = Non
     if opt.sgd.per_example and opt.name != "sgdw":
         raise ConfigError(f"optimizer.sgd.per_example applies to sgdw only, not {opt.name!r}")
     precision = (raw.get("trainer") or {}).get("precision") if isinstance(raw.get("trainer"), dict) else None
-    if isinstance(precision, str) and ("fp8" in precision.lower() or "float8" in precision.lower()):
+    if names_float8(precision):
         raise ConfigError(f"trainer.precision: {precision!r} is not a precision here; float8 training is an "
                           "algorithm on top of bf16-mixed: trainer.precision=bf16-mixed algorithms.float8_training={} "
                           "(docs/methods/float8_training.md)")

@@ -41,6 +41,14 @@ from .seeding import seed_everything
 
 PRECISIONS = ("fp32", "bf16-mixed", "fp16-mixed", "auto")   # auto: the fastest the hardware runs natively
 _AUTOCAST_DTYPES = {"bf16-mixed": torch.bfloat16, "fp16-mixed": torch.float16}
+
+
+def names_float8(precision) -> bool:
+    """Whether a precision someone asked for means float8 ('fp8-mixed', 'float8', ...): that is
+    the float8_training algorithm on top of bf16-mixed, not a precision; the errors say so."""
+    return isinstance(precision, str) and ("fp8" in precision.lower() or "float8" in precision.lower())
+
+
 _NO_AUTOCAST = contextlib.nullcontext()   # reusable: fp32 steps enter no real context
 
 
@@ -119,10 +127,9 @@ def make_runtime(device: "str | torch.device" = "auto", precision: str = "fp32",
     this: it is their measured gain), 'tuned' whatever the device. See hasten.allocator.
     """
     if precision not in PRECISIONS:
-        fp8 = isinstance(precision, str) and ("fp8" in precision.lower() or "float8" in precision.lower())
         raise ValueError(f"precision={precision!r}: use one of {PRECISIONS}"
                          + ("; float8 training is an algorithm on top of bf16-mixed: precision='bf16-mixed', "
-                            "algorithms=[Float8Training()]" if fp8 else ""))
+                            "algorithms=[Float8Training()]" if names_float8(precision) else ""))
     if host_allocator not in ALLOCATOR_MODES:
         raise ValueError(f"host_allocator={host_allocator!r}: use one of {ALLOCATOR_MODES}")
     if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
