@@ -68,18 +68,18 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--name", default="tta_cost")
     args = ap.parse_args(argv)
-    try:
-        radii = [int(v) for v in args.grids.split(",") if v]
-    except ValueError:
-        ap.error(f"--grids takes whole numbers separated by commas, e.g. 1,2; got {args.grids!r}")
-    if any(r < 1 for r in radii):
-        ap.error(f"--grids: each radius must be at least 1, got {args.grids!r}")
-    try:
-        sizes = [int(v) for v in args.scales.split(",") if v]
-    except ValueError:
-        ap.error(f"--scales takes whole numbers of pixels separated by commas, e.g. 28,36; got {args.scales!r}")
-    if any(v < 8 for v in sizes):
-        ap.error(f"--scales: each size must be at least 8 px, got {args.scales!r}")
+
+    def whole_numbers(flag: str, text: str, example: str, each: str, least: int, unit: str = "") -> list[int]:
+        try:
+            values = [int(v) for v in text.split(",") if v]
+        except ValueError:
+            ap.error(f"{flag} takes whole numbers separated by commas, e.g. {example}; got {text!r}")
+        if any(v < least for v in values):
+            ap.error(f"{flag}: each {each} must be at least {least}{unit}, got {text!r}")
+        return values
+
+    radii = whole_numbers("--grids", args.grids, "1,2", "radius", 1)
+    sizes = whole_numbers("--scales", args.scales, "28,36", "size", 8, " px")
 
     ckpt = Path(args.checkpoint)
     recipe_file = ckpt.parent.parent / "recipe.yaml"
