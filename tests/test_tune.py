@@ -213,12 +213,12 @@ def test_when_the_guard_cannot_fit_only_the_stages_that_change_the_arithmetic_ar
     monkeypatch.setattr(tune_mod.torch.cuda, "is_available", lambda: False)
     tuner = Tuner("cifar10-narrow", [], budget_s=600, out=None, console=Console(file=io.StringIO()))
     monkeypatch.setattr(Tuner, "trial_cost", lambda self: 20.0)
-    monkeypatch.setattr(Tuner, "_guard_cost", lambda self: 500.0)
+    monkeypatch.setattr(Tuner, "_guard_cost", lambda self, table=(): 500.0)
     clock = iter(range(0, 100000, 1))
     monkeypatch.setattr(Tuner, "left_s", lambda self: 600.0 - next(clock))
     searched = []
 
-    def measure(self, options, fixed, progress, task):
+    def measure(self, options, fixed, progress, task, reserve=0.0):
         searched.append(options[0].stage)
         trials = [_trial(o.label, [1.0, 1.01, 0.99] * 4) for o in options]
         for t in trials:   # the worker saw batch norm (the narrow speedrun net has it)
@@ -246,13 +246,112 @@ def test_the_guard_cost_is_start_up_plus_its_steps_at_the_measured_step_time():
     assert tuner._guard_cost() == 3 * 27.0 * 5   # before any step is measured: the old guess
 
 
+def test_the_guard_references_are_costed_at_the_fp32_step_time_once_it_is_measured():
+    """The references run in fp32, the tuned run under the options chosen: on a bf16 recipe the
+    fp32 step can be twice the recipe's, which the recipe's own step time would hide."""
+    tuner = Tuner.__new__(Tuner)
+    tuner.guard_steps, tuner.rounds, tuner.spent_per_trial = 100, 2, [20.0, 20.0]
+    tuner.trial_parts = [(5.0, 1.0), (5.0, 1.0)]
+    table = [{"stage": "precision", "option": "fp32", "chosen": False, "throughput": {"step_s": 2.0}},
+             {"stage": "precision", "option": "bf16-mixed", "chosen": True, "throughput": {"step_s": 1.0}},
+             {"stage": "compile", "option": "compiled", "chosen": True, "throughput": {"step_s": 0.8}}]
+    assert tuner._guard_cost(table) == pytest.approx(3 * 5.0 + 100 * (2 * 2.0 + 0.8))
+    assert tuner._guard_cost(table[1:]) == pytest.approx(3 * 5.0 + 100 * (2 * 1.0 + 0.8))   # fp32 not measured
+
+
+def test_auto_precision_is_the_recipes_own_arithmetic_on_this_machine(monkeypatch):
+    """`precision: auto` runs bf16-mixed where the CPU has bf16 hardware: keeping bf16 there
+    changes nothing, so the guard is not asked to check it; on an AVX2-only CPU auto is fp32."""
+    monkeypatch.setattr(tune_mod.torch.cuda, "is_available", lambda: False)
+    recipe = load_recipe("cifar10-fast")
+    assert recipe.trainer.precision == "auto"
+    _cpu_flags(monkeypatch, {"avx2", "avx512_bf16"})
+    assert tune_mod._default("precision", recipe) == "bf16-mixed"
+    _cpu_flags(monkeypatch, {"avx2"})
+    assert tune_mod._default("precision", recipe) == "fp32"
+
+
+def test_a_round_that_no_longer_fits_is_not_run_and_the_table_says_so(monkeypatch):
+    """Two options whose first round took 30 s each, 50 s left: the second round (about 60 s)
+    is dropped, the stage decided on the first, and the report names the cut."""
+    tuner = Tuner.__new__(Tuner)
+    tuner.rounds, tuner.shortened = 2, []
+    monkeypatch.setattr(Tuner, "left_s", lambda self: 50.0)
+    ran = []
+
+    def run_trial(self, overrides, label, seed=0, **kw):
+        ran.append(label)
+        return {"status": "ok", "times": [1.0] * 5, "warmup": 1, "wall_s": 30.0}
+    monkeypatch.setattr(Tuner, "run_trial", run_trial)
+    trials = tuner.measure([Option("compile", "eager", []), Option("compile", "compiled", [])], [], _progress(), None)
+    assert ran == ["eager", "compiled"] and all(len(t.results) == 1 for t in trials)
+    assert tuner.shortened[0]["stage"] == "compile" and tuner.shortened[0]["rounds"] == 1
+    assert "the next needs about 60 s" in tuner.shortened[0]["why"]
+    ran.clear()
+    monkeypatch.setattr(Tuner, "left_s", lambda self: 100.0)   # it fits: both rounds, alternating
+    tuner.measure([Option("compile", "eager", []), Option("compile", "compiled", [])], [], _progress(), None)
+    assert ran == ["eager", "compiled", "compiled", "eager"] and len(tuner.shortened) == 1
+
+
+class _FakeClock:
+    """Stands in for the `time` module inside hasten.tune: seconds pass only when a fake trial runs."""
+    def __init__(self):
+        self.now = 0.0
+
+    def perf_counter(self):
+        return self.now
+
+    def strftime(self, fmt):
+        return "today"
+
+
+def test_a_slow_recipe_is_searched_within_its_budget(monkeypatch, tmp_path):
+    """The speedrun recipe on a bf16 CPU, its trials simulated with the step times and start-up a
+    real 25-minute search measured (batch 2000, 1.1 s a step, fp32 1.9 s, one thread 2.2 s,
+    compiling 29 s): that search ran 31.6 minutes. Rounds that no longer fit are dropped and the
+    guard is costed at the fp32 step time, so the search ends inside its budget, and says where
+    the minutes went."""
+    import math as _math
+    from rich.console import Console
+    _cpu_flags(monkeypatch, {"avx2", "avx512_bf16"})
+    monkeypatch.setattr(tune_mod.torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(tune_mod.os, "cpu_count", lambda: 2)
+    clock = _FakeClock()
+    monkeypatch.setattr(tune_mod, "time", clock)
+    step_of = {"trainer.precision=fp32": 1.92, "algorithms.channels_last=null": 1.58, "trainer.compile=true": 1.29,
+               "trainer.threads=1": 2.16, "trainer.host_allocator=default": 1.44}
+
+    def fake_run(args, **kw):
+        spec = json.loads(Path(args[3]).read_text())
+        if "data.loader=dataloader" in spec["overrides"]:
+            clock.now += 5.0
+            out = {"status": "refused", "reason": "needs data.loader=device"}
+        else:
+            step = max([1.11] + [v for k, v in step_of.items() if k in spec["overrides"]])
+            n = min(spec["max_steps"], spec["warmup"] + max(spec["steps"], _math.ceil(spec["min_seconds"] / step)))
+            times = [step + (29.0 if "trainer.compile=true" in spec["overrides"] else 0.0)] + [step] * (n - 1)
+            clock.now += 15.0 + sum(times)
+            out = {"status": "ok", "times": times, "losses": [1.0] * n, "batch_norm": True, "steps_per_epoch": 25}
+        Path(args[4]).write_text(json.dumps(dict(out, label=spec["label"])))
+        return tune_mod.subprocess.CompletedProcess(args, 0, "", "")
+    monkeypatch.setattr(tune_mod.subprocess, "run", fake_run)
+    result = Tuner("cifar10-fast", [], budget_s=25 * 60, out=None, console=Console(file=io.StringIO())).search()
+    assert result["spent_s"] <= result["budget_s"]
+    assert sum(result["spent_by"].values()) == pytest.approx(result["spent_s"], abs=1.0)
+    assert result["decisions"]["precision"].startswith("bf16-mixed")
+    md = tune_mod.render(result)
+    assert "Where the minutes went: as written" in md
+    for s in result["shortened"]:
+        assert f"- {s['stage']}: measured in {s['rounds']} round" in md
+
+
 def _guard_tuner(monkeypatch, guarded, tuned_loss):
     """A Tuner whose trials are stubbed: the references end at loss 2.0 and 2.01, the tuned run
     at `tuned_loss`; returns the tuner and the overrides each guard run was given."""
     tuner = Tuner.__new__(Tuner)
     tuner.recipe, tuner.guard_steps, tuner.trial_parts = load_recipe("cifar10-narrow"), 150, []
     tuner.guarded = guarded
-    monkeypatch.setattr(Tuner, "_guard_cost", lambda self: 1.0)
+    monkeypatch.setattr(Tuner, "_guard_cost", lambda self, table=(): 1.0)
     monkeypatch.setattr(Tuner, "left_s", lambda self: 100.0)
     seen = []
 

@@ -35,9 +35,16 @@ the training loss over the first steps within a tolerance of the recipe's own ar
 mean loss over the last half of `guard_steps` steps, against the spread of two reference runs
 (seeds 0 and 1) in fp32, uncompiled, at the recipe's own micro-batch: |tuned - reference mean|
 <= max(3 x the reference spread, 2% of the reference). An option that fails is reported and
-excluded. The guard's runs are budgeted before the stages spend the rest; an option it could
+excluded. The recipe's own arithmetic is what it runs on this machine (`precision: auto` is
+bf16-mixed where the CPU has bf16 hardware: keeping it there needs no check). The guard's runs
+are kept back from the budget once an option that needs them is chosen, and a stage whose
+options would need them is searched only when it and the guard fit; an option the guard could
 not check (the budget ran short, a guard run failed) is excluded too: nothing that changes the
 arithmetic is handed over unchecked.
+
+The budget holds: a stage that does not fit is skipped; a round after a stage's first runs only
+when it fits, costed at what the same trials took in the round before; the report says what
+was skipped or cut short, and where the minutes went.
 
 Output (`--out`, default tune-results/RECIPE): `tune.md` (the table and the one-line
 summary), `tune.json`, `tune.png` (throughput per option with intervals), `tuned.yaml` (the
@@ -47,6 +54,7 @@ is cached per machine and recipe (`$HASTEN_DATA/tune/`): a second call prints it
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import math
@@ -72,6 +80,7 @@ from ..errors import ConfigError
 from ..files import atomic_write
 from ..hardware import BF16_CPU_FLAGS, cpu_features, cpu_has_bf16, cpu_name
 from ..registry import TASKS
+from ..runtime import resolve_precision
 
 GUARDED = ("precision", "compile")   # stages whose options change the arithmetic
 BATCH_STATS = "microbatch"   # changes it too where the model normalises over the batch (batch norm)
@@ -194,6 +203,8 @@ class Tuner:
         self.t0 = time.perf_counter()
         self.spent_per_trial: list[float] = []
         self.trial_parts: list[tuple[float, float]] = []   # per trial: (start-up s, median step s)
+        self.shortened: list[dict] = []   # stages measured in fewer rounds than asked, and why
+        self.spent_by: dict[str, float] = {}   # seconds per part of the search: where the budget went
 
     # ------------------------------------------------------------------ trials
     def run_trial(self, overrides: list[str], label: str, seed: int = 0, max_steps: int | None = None,
@@ -207,14 +218,15 @@ class Tuner:
             t = time.perf_counter()
             proc = subprocess.run([sys.executable, "-m", "hasten.tune.worker", str(Path(tmp, "spec.json")),
                                    str(Path(tmp, "out.json"))], capture_output=True, text=True)
-            self.spent_per_trial.append(time.perf_counter() - t)
+            wall = time.perf_counter() - t
+            self.spent_per_trial.append(wall)
             try:
                 result = json.loads(Path(tmp, "out.json").read_text())
             except (OSError, ValueError):
                 tail = (proc.stderr or proc.stdout or "").strip().splitlines()[-1:] or ["no output"]
                 result = {"label": label, "status": "failed", "reason": f"the trial process ended ({proc.returncode}): "
                                                                        f"{tail[0][:200]}"}
-        result["warmup"] = self.warmup
+        result["warmup"], result["wall_s"] = self.warmup, wall
         times = result.get("times") or []
         if result.get("status") == "ok" and len(times) > self.warmup:
             self.trial_parts.append((max(0.0, self.spent_per_trial[-1] - sum(times)),
@@ -227,10 +239,22 @@ class Tuner:
     def trial_cost(self) -> float:
         return statistics.median(self.spent_per_trial) if self.spent_per_trial else 30.0
 
-    def measure(self, options: list[Option], fixed: list[str], progress, task) -> list[Trial]:
-        """Every option under the settings fixed so far, interleaved over rounds."""
+    def measure(self, options: list[Option], fixed: list[str], progress, task, reserve: float = 0.0) -> list[Trial]:
+        """Every option under the settings fixed so far, interleaved over rounds. A round after
+        the first runs only when it fits in the budget left less `reserve`, its cost being what
+        the same trials took in the round before; a stage cut short says so (`self.shortened`)."""
         trials = [Trial(o) for o in options]
         for r in range(self.rounds):
+            if r > 0:
+                need = sum(tr.results[-1].get("wall_s", 0.0) for tr in trials if tr.results and not tr.failure)
+                if need > self.left_s() - reserve:
+                    self.shortened.append({
+                        "stage": options[0].stage, "rounds": r,
+                        "why": f"{r} round{'s' if r > 1 else ''} of {self.rounds}: the next needs about {need:.0f} s "
+                               f"and the budget left is {max(0.0, self.left_s()):.0f} s"
+                               + (f", {reserve:.0f} s of it kept for what follows" if reserve else "")})
+                    progress.advance(task, sum(1 for tr in trials if not tr.failure) * (self.rounds - r))
+                    break
             order = trials if r % 2 == 0 else list(reversed(trials))
             for tr in order:
                 if tr.failure and r > 0:
@@ -251,18 +275,17 @@ class Tuner:
         with Progress(TextColumn("[bold]tune"), BarColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
                       console=self.console) as progress:
             task = progress.add_task("", total=total)
-            written = self.measure([Option("as written", "the recipe as written", [])], [], progress, task)[0]
+            with self._clock("as written"):
+                written = self.measure([Option("as written", "the recipe as written", [])], [], progress, task)[0]
             base_tp = throughput(written, batch)
             if any(r.get("batch_norm") for r in written.results):   # the worker saw batch-norm layers
                 self.guarded = GUARDED + (BATCH_STATS,)
             # what the search will cost, from the trials of the recipe as written: a stage whose
-            # options change the arithmetic is searched only when its quality guard fits too
+            # options change the arithmetic is searched only when its quality guard fits too, and
+            # once such an option is chosen, the guard's cost is kept back from the stages after it
             cost = self.trial_cost()
             needs = {n: len(o) * self.rounds * cost for n, o, why in plan if o and not why}
-            final_cost, guard_cost = 2 * self.rounds * cost, self._guard_cost()
-            guarded = sum(v for n, v in needs.items() if n in self.guarded)
-            arithmetic = bool(guarded) and guarded + guard_cost + final_cost <= self.left_s()
-            want = math.ceil((time.perf_counter() - self.t0 + sum(needs.values()) + guard_cost + final_cost) / 60)
+            final_cost = 2 * self.rounds * cost
             for name, options, why in plan:
                 if not options or why:
                     skipped.append({"stage": name, "why": why or "nothing to choose"})
@@ -270,14 +293,19 @@ class Tuner:
                         fixed += options[0].overrides
                         decisions[name] = options[0].label
                     continue
-                need, reserve = needs[name], final_cost + (guard_cost if arithmetic else 0.0)
+                # the guard's cost again, from the step times measured so far (its references run in fp32)
+                guard_cost = self._guard_cost(table)
+                pending = name in self.guarded or bool(self._changed(table))   # the guard will have to run
+                need, reserve = needs[name], final_cost + (guard_cost if pending else 0.0)
+                later = sum(v for n, v in needs.items() if n not in decisions and n not in {s["stage"] for s in skipped})
+                want = math.ceil((time.perf_counter() - self.t0 + later + guard_cost + final_cost) / 60)
                 fits = f"--budget {want}m would fit the whole search"
-                if name in self.guarded and not arithmetic:
-                    skip = (f"this stage and the quality guard its options need (about {guarded + guard_cost:.0f} s) "
-                            f"do not fit in the budget left ({self.left_s():.0f} s); the recipe's own setting is kept "
-                            f"({fits})")
+                if name in self.guarded and need > self.left_s() - reserve:
+                    skip = (f"this stage and the quality guard its options need (about {need + guard_cost:.0f} s) "
+                            f"do not fit in the budget left ({self.left_s():.0f} s, {final_cost:.0f} s of it kept for "
+                            f"the final check); the recipe's own setting is kept ({fits})")
                 elif need > self.left_s() - reserve:   # the guard's runs and the final check are kept back
-                    kept = "the quality guard and the final check" if arithmetic else "the final check"
+                    kept = "the quality guard and the final check" if pending else "the final check"
                     skip = (f"the budget left ({self.left_s():.0f} s, {reserve:.0f} s of it kept for {kept}) is "
                             f"less than the stage needs (about {need:.0f} s; {fits})")
                 else:
@@ -287,7 +315,8 @@ class Tuner:
                     progress.advance(task, len(options) * self.rounds)
                     continue
                 progress.update(task, description=name)
-                trials = self.measure(options, fixed, progress, task)
+                with self._clock(name):
+                    trials = self.measure(options, fixed, progress, task, reserve=reserve)
                 rows = []
                 for tr in trials:
                     tp = throughput(tr, batch)
@@ -301,11 +330,13 @@ class Tuner:
                 table += rows
                 fixed += winner.option.overrides
                 decisions[name] = winner.option.label
-            guard = self._guard(fixed, decisions, table, progress, task)
+            with self._clock("quality guard"):
+                guard = self._guard(fixed, decisions, table, progress, task)
             if fixed:
                 progress.update(task, description="the tuned recipe against the recipe as written")
-                final = self.measure([Option("final", "tuned", fixed), Option("final", "as written", [])], [],
-                                     progress, task)
+                with self._clock("final check"):
+                    final = self.measure([Option("final", "tuned", fixed), Option("final", "as written", [])], [],
+                                         progress, task)
             else:   # nothing to hand over: the recipe as written, measured once
                 final = [written, written]
         tuned_tp, written_tp = throughput(final[0], batch), throughput(final[1], batch) or base_tp
@@ -320,7 +351,18 @@ class Tuner:
                 "run_steps": run_steps, "tuned": tuned_tp, "as_written": written_tp,
                 "speedup": (tuned_tp["samples_per_s"] / written_tp["samples_per_s"]) if tuned_tp and written_tp else None,
                 "budget_s": self.budget_s, "spent_s": time.perf_counter() - self.t0,
+                "spent_by": {k: round(v, 1) for k, v in self.spent_by.items()}, "shortened": self.shortened,
                 "date": time.strftime("%Y-%m-%d %H:%M")}
+
+    @contextlib.contextmanager
+    def _clock(self, part: str):
+        """Adds the seconds spent inside to `spent_by[part]`: where the budget went."""
+        t = time.perf_counter()
+        try:
+            yield
+        finally:
+            if time.perf_counter() - t >= 0.05:   # a part that ran nothing is left out
+                self.spent_by[part] = self.spent_by.get(part, 0.0) + time.perf_counter() - t
 
     def run_steps(self, trials: list[Trial]) -> float | None:
         """The recipe's whole run in steps (its max_duration, in batches), from what the trials
@@ -367,12 +409,12 @@ class Tuner:
 
     def _guard(self, fixed: list[str], decisions: dict, table: list[dict], progress, task) -> dict:
         """The quality guard for the winners that change the arithmetic (see the module doc)."""
-        changed = [s for s in self.guarded if any(r["stage"] == s and r["chosen"] and r["option"] != _default(s, self.recipe)
-                                              for r in table)]
+        changed = self._changed(table)
         if not changed:
             return {"checked": False, "why": "no option that changes the arithmetic was chosen"}
-        if self._guard_cost() > self.left_s():
-            why = f"not enough budget left for {self.guard_steps} guard steps"
+        if (need := self._guard_cost(table)) > self.left_s():
+            why = (f"not enough budget left for {self.guard_steps} guard steps (about {need:.0f} s needed, "
+                   f"{max(0.0, self.left_s()):.0f} s left)")
             self._exclude(changed, fixed, decisions, table, "excluded: the quality guard could not check it")
             return {"checked": False, "why": why, "excluded": changed}
         progress.update(task, description="quality guard")
@@ -404,16 +446,28 @@ class Tuner:
             self._exclude(changed, fixed, decisions, table, "excluded by the quality guard")
         return out
 
-    def _guard_cost(self) -> float:
+    def _changed(self, table: list[dict]) -> list[str]:
+        """The guarded stages whose chosen option changes the recipe's own arithmetic."""
+        return [s for s in self.guarded if any(r["stage"] == s and r["chosen"] and r["option"] != _default(s, self.recipe)
+                                               for r in table)]
+
+    def _guard_cost(self, table: "list[dict] | tuple" = ()) -> float:
         """Seconds the quality guard's three runs of guard_steps steps are expected to take: each
-        a trial's start-up (its wall time less its steps) plus guard_steps steps at the step time
-        of the first trials measured (the recipe as written), medians over those trials; before
-        any trial, a guess of 30 s per 30 steps."""
+        a trial's start-up (its wall time less its steps) plus guard_steps steps. The two
+        references run in fp32: at the fp32 option's step time where the precision stage measured
+        it; the tuned run at the step time of the last option chosen; either, before it is
+        measured, at the step time of the first trials (the recipe as written). Before any
+        trial, a guess of 30 s per 30 steps."""
         if not self.trial_parts:
             return 3 * self.trial_cost() * max(1.0, self.guard_steps / 30)
-        first = self.trial_parts[:self.rounds]
         startup = statistics.median(t for t, _ in self.trial_parts)
-        return 3 * (startup + self.guard_steps * statistics.median(st for _, st in first))
+        step = statistics.median(st for _, st in self.trial_parts[:self.rounds])
+
+        def measured(rows):
+            return next((r["throughput"]["step_s"] for r in reversed(rows) if r.get("throughput")), step)
+        ref = measured([r for r in table if r["stage"] == "precision" and r["option"] == "fp32"])
+        tuned = measured([r for r in table if r.get("chosen")])
+        return 3 * startup + self.guard_steps * (2 * ref + tuned)
 
     @staticmethod
     def _exclude(stages: list[str], fixed: list[str], decisions: dict, table: list[dict], why: str) -> None:
@@ -443,10 +497,22 @@ def first_step_extra(trial: Trial) -> float:
     return statistics.median(xs) if xs else 0.0
 
 
+def own_precision(recipe: Recipe) -> str:
+    """The precision the recipe runs in on this machine: `auto` as `hasten train` resolves it
+    (bf16-mixed where the GPU or CPU has bf16 hardware, fp32 elsewhere). Choosing it changes
+    nothing in the recipe's arithmetic here, so the quality guard has nothing to check."""
+    p = recipe.trainer.precision
+    if p != "auto":
+        return p
+    if torch.cuda.is_available():
+        return resolve_precision(p, torch.device("cuda"))
+    return "bf16-mixed" if cpu_has_bf16() else "fp32"
+
+
 def _default(stage: str, recipe: Recipe) -> str:
     """The label of the option that keeps the recipe's own arithmetic in a guarded stage."""
     mb = recipe.trainer.microbatch
-    return {"precision": "fp32" if recipe.trainer.precision in ("fp32", "auto") else recipe.trainer.precision,
+    return {"precision": own_precision(recipe),
             "compile": "eager",
             "microbatch": f"whole batch ({recipe.data.batch_size})" if mb is None else f"micro-batches of {mb}",
             }.get(stage, "")
@@ -481,12 +547,17 @@ def render(result: dict) -> str:
                      f"{'**yes**' if r.get('chosen') else ''} | {r.get('miss') or ''} |")
     if result["skipped"]:
         lines += [""] + [f"- {s['stage']}: not searched: {s['why']}" for s in result["skipped"]]
+    if result.get("shortened"):
+        lines += [""] + [f"- {s['stage']}: measured in {s['why']}" for s in result["shortened"]]
     g = result["guard"]
     lines += ["", "Quality guard: " + (
         f"{'passed' if g['passed'] else 'FAILED (excluded)'} for {', '.join(g['options'])}: mean training loss over "
         f"the last half of {g['steps']} steps {g['tuned']:.4f} against the reference's {g['reference'][0]:.4f} and "
         f"{g['reference'][1]:.4f} (tolerance {g['tolerance']:.4f})" if g.get("checked") else f"not run: {g['why']}" + (
         f"; {', '.join(g['excluded'])} kept as the recipe has it (never handed over unchecked)" if g.get("excluded") else ""))]
+    if result.get("spent_by"):
+        lines += ["", "Where the minutes went: " + ", ".join(f"{k} {v / 60:.1f}" for k, v in result["spent_by"].items())
+                  + f"; {result['spent_s'] / 60:.1f} in all, of a budget of {result['budget_s'] / 60:.0f}."]
     lines += ["", f"Tuned overrides: `{' '.join(result['tuned_overrides']) or '(none: the recipe as written)'}`", "",
               summary(result)]
     return "\n".join(lines) + "\n"
