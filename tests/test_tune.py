@@ -301,8 +301,13 @@ class _FakeClock:
     def perf_counter(self):
         return self.now
 
-    def strftime(self, fmt):
-        return "today"
+    def strftime(self, fmt, t=None):
+        import time
+        return time.strftime(fmt, t) if t is not None else "today"
+
+    def gmtime(self, seconds):
+        import time
+        return time.gmtime(seconds)
 
 
 def test_a_slow_recipe_is_searched_within_its_budget(monkeypatch, tmp_path):

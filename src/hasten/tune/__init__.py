@@ -272,8 +272,9 @@ class Tuner:
         table, decisions, skipped = [], {}, []
         plan = stages(self.recipe)
         total = sum(len(o) for _, o, _ in plan) * self.rounds + 3 * self.rounds
+        budget = time.strftime("%H:%M:%S", time.gmtime(self.budget_s)).lstrip("0:") or "0"
         with Progress(TextColumn("[bold]tune"), BarColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
-                      console=self.console) as progress:
+                      TextColumn(f"of a {budget} budget"), console=self.console) as progress:
             task = progress.add_task("", total=total)
             with self._clock("as written"):
                 written = self.measure([Option("as written", "the recipe as written", [])], [], progress, task)[0]
