@@ -11,6 +11,8 @@ import pytest
 import torch
 
 from hasten import Trainer
+from hasten.algorithms import LabelSmoothing
+from hasten.callbacks import EarlyStopping
 from hasten.cli import main
 from hasten.data.cifar import read_image_zip
 from hasten.errors import DataError, TrainingError
@@ -126,6 +128,30 @@ def test_a_loss_that_returns_no_tensor_or_does_not_fit(loss_fn, needle):
 def test_outputs_that_do_not_fit_the_default_loss():
     with pytest.raises(TrainingError, match=r"outputs \(a tensor of shape \(8, 3\).*targets"):
         Trainer(mlp(d_out=3), loader(), max_duration="2ba", device="cpu").fit()
+
+
+@pytest.mark.parametrize("kw, needle", [
+    (dict(algorithms="ema"), r"algorithms='ema' is a str; give a list of instances"),
+    (dict(algorithms=["ema"]), r"algorithms: 'ema' \(str\) is not a hasten Algorithm"),
+    (dict(algorithms=[LabelSmoothing]), r"LabelSmoothing is a class: give an instance"),
+    (dict(callbacks=[EarlyStopping]), r"EarlyStopping is a class: give an instance"),
+    (dict(callbacks=3), r"callbacks=3 is a int"),
+    (dict(loggers=[object()]), r"is not a logger"),
+    (dict(optimizers=5), r"optimizers: 5 \(int\) is not an optimizer"),
+    (dict(optimizers=lambda m: None), r"\(what the factory returned\) is not an optimizer"),
+])
+def test_what_is_not_an_algorithm_callback_logger_or_optimizer_is_named_before_training(kw, needle):
+    """Before, each of these was an AttributeError from deep inside the first event or step."""
+    with pytest.raises(TypeError, match=needle):
+        Trainer(mlp(), loader(), max_duration="2ba", device="cpu", **kw)
+
+
+def test_one_algorithm_or_callback_alone_is_taken_as_a_list():
+    stop = EarlyStopping(monitor="val/loss", patience=3)
+    tr = Trainer(mlp(), loader(), max_duration="2ba", device="cpu", algorithms=LabelSmoothing(0.1), callbacks=stop)
+    assert [type(a) for a in tr.state.algorithms] == [LabelSmoothing] and stop in tr.state.callbacks
+    tr.fit()
+    assert tr.state.timestamp.batch == 2
 
 
 # ---------------------------------------------------------------------------- image archives

@@ -16,8 +16,8 @@ from typing import Any, Callable, Iterable, Sequence
 
 import torch
 
-from .assemble import (CheckpointOptions, Durations, Parts, StepOptions, assemble, on_this_rank, resume_from,
-                       runtime_for)
+from .assemble import (CheckpointOptions, Durations, Parts, StepOptions, assemble, listed, on_this_rank,
+                       resume_from, runtime_for)
 from .checkpoint import save
 from .core import Algorithm, Event, State, Time, TimeUnit
 from .data.batches import (batch_size, cut, forward, inputs_targets, shard_batch, share_range, split_batch, to_device,
@@ -57,6 +57,9 @@ class Trainer:
     optimizers: an optimizer, a list of them, or a factory `f(model) -> optimizer(s)` that is
         called after the INIT event, so algorithms that replace modules need no remapping.
         Default: AdamW(lr=1e-3).
+    algorithms, callbacks, loggers: lists of instances (hasten.algorithms, hasten.callbacks,
+        hasten.loggers, or your own subclasses); one alone is taken as a list of one. Anything
+        else (a name, a class) is a TypeError that says so before anything is built.
     schedulers: hasten schedules (functions of training progress, see hasten.optim), torch
         LR schedulers (stepped once per batch), or factories `f(optimizer) -> scheduler`.
     loss_fn: `loss_fn(outputs, targets)` returning per-sample (or per-token) losses, or a
@@ -156,6 +159,7 @@ class Trainer:
     def add_algorithms(self, *algorithms) -> None:
         """Add algorithms after the Trainer is built, before fit. One that listens to INIT
         (model surgery) must be given to the constructor: INIT has already run."""
+        algorithms = listed("algorithms", algorithms)
         for a in algorithms:
             if INIT in a.listens_to():
                 raise ValueError(f"{a.name} changes the model at INIT, which has already run: "

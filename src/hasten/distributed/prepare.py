@@ -129,11 +129,18 @@ class CloneOutputs(torch.nn.Module):
 def build_optimizers(model: torch.nn.Module, optimizers: Any) -> list:
     """The optimizers as a list: given, or built by a factory `f(model)`; default AdamW(lr=1e-3).
     Each must hold only the model's own parameters."""
+    given = optimizers
     if optimizers is None:
         optimizers = torch.optim.AdamW(model.parameters(), lr=1e-3)
     elif callable(optimizers) and not isinstance(optimizers, torch.optim.Optimizer):
         optimizers = optimizers(model)
     opts = list(optimizers) if isinstance(optimizers, (list, tuple)) else [optimizers]
+    for opt in opts:
+        if not isinstance(getattr(opt, "param_groups", None), list):
+            made = " (what the factory returned)" if callable(given) and given is not optimizers else ""
+            raise TypeError(f"optimizers: {opt!r:.80} ({type(opt).__name__}){made} is not an optimizer; give a "
+                            "torch.optim.Optimizer, a list of them, or a factory, e.g. "
+                            "optimizers=lambda model: torch.optim.AdamW(model.parameters(), lr=1e-3)")
     owned = {id(p) for p in model.parameters()}
     for opt in opts:
         for g in opt.param_groups:

@@ -126,7 +126,7 @@ class HastenTrainer(transformers.Trainer):
                 raise ValueError(f"HastenTrainer: the optimizer passed in optimizers= holds {len(foreign)} tensors that "
                                  "hasten's model surgery replaced; pass optimizer_cls_and_kwargs instead, or build the "
                                  "optimizer after the surgery")
-        self._loss_methods = [a for a in algorithms if type(a).wrap_loss is not Algorithm.wrap_loss]
+        self._loss_methods = [a for a in self.hasten.algorithms if type(a).wrap_loss is not Algorithm.wrap_loss]
         self._train_loss = None
         self._observed = True
         super().__init__(*args, **kwargs)

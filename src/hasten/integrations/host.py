@@ -36,6 +36,7 @@ import torch
 
 from .. import algorithms
 from ..allocator import MODES as ALLOCATOR_MODES, configure_host_allocator
+from ..assemble import listed
 from ..core import Algorithm, Engine, Event, State, Time
 from ..data.batches import batch_size, inputs_targets
 from ..loggers.base import LogHub
@@ -91,9 +92,10 @@ class HostLoop:
         if host_allocator not in ALLOCATOR_MODES:
             raise ValueError(f"{host}: host_allocator={host_allocator!r} is not a mode: use one of "
                              f"{', '.join(ALLOCATOR_MODES)} ('auto' tunes glibc malloc when training on a CPU)")
-        for a in algorithms:
-            if not isinstance(a, Algorithm):
-                raise TypeError(f"{host}: {a!r} is not a hasten Algorithm (hasten.algorithms has them)")
+        try:
+            algorithms = listed("algorithms", algorithms)
+        except TypeError as e:
+            raise TypeError(f"{host}: {e}") from None
         refused = refusals_message(algorithms, host)
         if refused:
             raise ValueError(refused)
