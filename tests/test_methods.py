@@ -453,3 +453,27 @@ def test_swa_resumes_from_the_averagedmodel_state_of_older_checkpoints():
     assert swa.n_averaged == int(old.n_averaged) == 1
     for a, b in zip(swa.averaged, old.module.parameters()):
         torch.testing.assert_close(a, b.detach(), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("call, needle", [
+    (lambda x, y: hf.smooth_labels(y, 4, 1.5), "smoothing must lie in"),
+    (lambda x, y: hf.smoothed_cross_entropy(torch.randn(8, 4), y, -0.1), "smoothing must lie in"),
+    (lambda x, y: hf.drop_path(x, 1.0), "p must lie below 1"),
+    (lambda x, y: hf.resize_batch(x, 0.0), "need scale > 0"),
+    (lambda x, y: hf.mixup_batch(x, y, 1.5, torch.randperm(8)), "lam .* must lie in"),
+    (lambda x, y: hf.freeze_first(nn.Linear(2, 2), 2.0), "freeze_first: fraction"),
+    (lambda x, y: hf.random_translate(x, 8), "a reflection of 8 px needs images larger"),
+])
+def test_a_functional_form_refuses_what_its_algorithm_refuses(call, needle):
+    """Used in a plain loop, a functional form checks its arguments as its Algorithm does:
+    these returned wrong numbers (negative target mass, inf from 1 / (1 - p), a silent clamp)
+    or failed deep in an index error before."""
+    x, y = _img_batch()
+    with pytest.raises(ValueError, match=needle):
+        call(x, y)
+
+
+def test_a_translation_by_as_much_as_the_image_works_where_the_mode_allows_it():
+    x, _ = _img_batch()
+    out = hf.random_translate(x, 8, mode="constant")
+    assert out.shape == x.shape

@@ -23,8 +23,15 @@ from ..loss import IGNORE_INDEX, logits_of
 from ..registry import register_algorithm
 
 
+def _check_smoothing(smoothing) -> None:
+    if isinstance(smoothing, (int, float)) and not 0.0 <= smoothing <= 1.0:
+        raise ValueError(f"smoothing must lie in [0, 1] (the share of the target spread over all classes), "
+                         f"got {smoothing}")
+
+
 def smooth_labels(targets: torch.Tensor, num_classes: int, smoothing: float) -> torch.Tensor:
     """Class indices -> soft targets (1 - smoothing) * one_hot + smoothing / num_classes."""
+    _check_smoothing(smoothing)
     soft = torch.full((*targets.shape, num_classes), smoothing / num_classes, device=targets.device)
     return soft.scatter_add_(-1, targets.unsqueeze(-1),
                              torch.full_like(soft[..., :1], 1.0 - smoothing))
@@ -33,6 +40,7 @@ def smooth_labels(targets: torch.Tensor, num_classes: int, smoothing: float) -> 
 def smoothed_cross_entropy(logits: torch.Tensor, targets: torch.Tensor, smoothing: float) -> torch.Tensor:
     """Per-sample cross-entropy against smoothed targets, written as the mix of the target's
     negative log-likelihood and the mean negative log-probability over classes."""
+    _check_smoothing(smoothing)
     logp = F.log_softmax(logits.float(), dim=-1)
     nll = -logp.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
     return (1.0 - smoothing) * nll - smoothing * logp.mean(-1)

@@ -22,8 +22,11 @@ def freeze_first(model: torch.nn.Module, fraction: float) -> int:
     """Stop the gradients of the first `fraction` of `model`'s parameter tensors, in the order
     `parameters()` gives them (the input side first for the usual models). Returns the number
     frozen."""
+    if not 0.0 <= fraction <= 1.0:
+        raise ValueError(f"freeze_first: fraction (the share of parameter tensors frozen) must lie in [0, 1], "
+                         f"got {fraction}")
     params = [p for p in model.parameters()]
-    n = int(len(params) * max(0.0, min(1.0, fraction)))
+    n = int(len(params) * fraction)
     for p in params[:n]:
         p.requires_grad_(False)
         p.grad = None

@@ -26,6 +26,8 @@ from ..seeding import derive_seed
 def mixup_batch(x: torch.Tensor, y: torch.Tensor, lam: float, perm: torch.Tensor):
     """Mix the batch with its permutation `perm`: returns (lam * x + (1 - lam) * x[perm], y, y[perm]);
     pass the two target sets and lam to mixed_loss."""
+    if isinstance(lam, (int, float)) and not 0.0 <= lam <= 1.0:
+        raise ValueError(f"mixup_batch: lam is the weight of the batch itself and must lie in [0, 1], got {lam}")
     return lam * x + (1.0 - lam) * x[perm], y, y[perm]
 
 

@@ -31,6 +31,9 @@ def resize_batch(x: torch.Tensor, scale: float, size_increment: int = 4) -> torc
     """Resize the images `x` (N, C, H, W) by `scale`, each side rounded to a multiple of
     `size_increment` (area interpolation down, bilinear up), keeping a channels-last layout. Returns
     `x` itself when the size does not change."""
+    if not scale > 0 or size_increment < 1:
+        raise ValueError(f"resize_batch: need scale > 0 and size_increment >= 1, got scale={scale}, "
+                         f"size_increment={size_increment}")
     h, w = x.shape[-2:]
     nh = max(size_increment, int(round(h * scale / size_increment)) * size_increment)
     nw = max(size_increment, int(round(w * scale / size_increment)) * size_increment)

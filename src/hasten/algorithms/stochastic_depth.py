@@ -24,6 +24,8 @@ def drop_path(y: torch.Tensor, p: float, generator: torch.Generator | None = Non
     by 1 / (1 - p), so the expectation is unchanged; p <= 0 returns `y`."""
     if p <= 0.0:
         return y
+    if p >= 1.0:
+        raise ValueError(f"drop_path: p must lie below 1 (the kept samples are scaled by 1 / (1 - p)), got {p}")
     keep = torch.rand((y.shape[0],) + (1,) * (y.dim() - 1), device=y.device, generator=generator) >= p
     return y * keep.to(y.dtype) / (1.0 - p)
 

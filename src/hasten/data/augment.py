@@ -46,6 +46,9 @@ def translate(x: torch.Tensor, dy: torch.Tensor, dx: torch.Tensor, pad: int, mod
     host round trip.
     """
     n, c, h, w = x.shape
+    if mode == "reflect" and pad >= min(h, w):
+        raise ValueError(f"translate: a reflection of {pad} px needs images larger than that (these are {h}x{w}); "
+                         f"give a smaller pad, or mode='constant' or 'replicate'")
     rows = torch.arange(h, device=x.device).view(1, h) + dy.view(n, 1)
     cols = torch.arange(w, device=x.device).view(1, w) + dx.view(n, 1)
     if mode == "reflect":
