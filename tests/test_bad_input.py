@@ -139,11 +139,25 @@ def test_outputs_that_do_not_fit_the_default_loss():
     (dict(loggers=[object()]), r"is not a logger"),
     (dict(optimizers=5), r"optimizers: 5 \(int\) is not an optimizer"),
     (dict(optimizers=lambda m: None), r"\(what the factory returned\) is not an optimizer"),
+    (dict(schedulers="cosine"), r"schedulers: 'cosine' \(str\) is not a schedule"),
+    (dict(loss_fn="ce"), r"loss_fn='ce' is not a function"),
+    (dict(metrics=["acc"]), r"metrics=\['acc'\]: give a dict"),
+    (dict(metrics={"acc": "accuracy"}), r"metrics\['acc'\]: 'accuracy' \(str\) is not a metric"),
+    (dict(compile="yes"), r"compile='yes': give True, False, or a dict"),
+    (dict(eval_dataloader=torch.zeros(4, 2)), r"eval_dataloader: a Tensor is not a source of batches"),
 ])
 def test_what_is_not_an_algorithm_callback_logger_or_optimizer_is_named_before_training(kw, needle):
     """Before, each of these was an AttributeError from deep inside the first event or step."""
     with pytest.raises(TypeError, match=needle):
         Trainer(mlp(), loader(), max_duration="2ba", device="cpu", **kw)
+
+
+def test_a_negative_clipping_norm_is_refused_as_a_keyword_and_as_an_algorithm():
+    with pytest.raises(ValueError, match=r"grad_clip_norm=-1.0: give the largest gradient norm"):
+        Trainer(mlp(), loader(), max_duration="2ba", device="cpu", grad_clip_norm=-1.0)
+    from hasten.algorithms import GradientClipping
+    with pytest.raises(ValueError, match="threshold must be > 0"):
+        GradientClipping("norm", 0.0)
 
 
 def test_one_algorithm_or_callback_alone_is_taken_as_a_list():

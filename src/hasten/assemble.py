@@ -68,6 +68,13 @@ class StepOptions:
             raise ValueError(f"give grad_accum ({self.grad_accum}) or microbatch ({self.microbatch!r}), not both: "
                              "microbatch sets the accumulation from the batch size")
         parse_bytes(self.memory_limit)
+        if not isinstance(self.compile, (bool, dict)):
+            raise TypeError(f"compile={self.compile!r}: give True, False, or a dict of torch.compile's arguments, "
+                            "e.g. compile={'mode': 'max-autotune'}")
+        if self.grad_clip_norm is not None and not (isinstance(self.grad_clip_norm, (int, float))
+                                                    and self.grad_clip_norm > 0):
+            raise ValueError(f"grad_clip_norm={self.grad_clip_norm!r}: give the largest gradient norm, a number > 0, "
+                             "or None for no clipping")
 
 
 @dataclass(frozen=True)
@@ -130,6 +137,7 @@ def assemble(model: "torch.nn.Module | Callable[[], torch.nn.Module]", runtime: 
     seed_everything(runtime.seed)   # the training stream starts from the seed, whatever building the model drew
     model = _model(model)
     world = runtime.world
+    _check_plain_arguments(train_dataloader, eval_dataloader, loss_fn, metrics)
     algorithms = listed("algorithms", algorithms)
     callbacks, loggers = listed("callbacks", callbacks), listed("loggers", loggers)
     if step.grad_clip_norm is not None:   # one owner of clipping: the algorithm, last at BEFORE_OPTIM_STEP
@@ -183,6 +191,26 @@ _KINDS = {   # what each list holds, how to tell, and an example of the right th
     "loggers": (lambda x: isinstance(x, LoggerDestination) or callable(getattr(x, "log_metrics", None)),
                 "a logger (an object with log_metrics)", "loggers=[JSONLLogger('metrics.jsonl')]"),
 }
+
+
+def _check_plain_arguments(train_dataloader, eval_dataloader, loss_fn, metrics) -> None:
+    """What a slip of the keyword gives: a loss that is not a function, metrics that are not
+    metric objects, a tensor where the batches go (it iterates row by row, without targets)."""
+    for name, loader in (("train_dataloader", train_dataloader), ("eval_dataloader", eval_dataloader)):
+        if isinstance(loader, torch.Tensor) or (loader is not None and not hasattr(loader, "__iter__")):
+            raise TypeError(f"{name}: a {type(loader).__name__} is not a source of batches; give a DataLoader or any "
+                            "iterable of (inputs, targets), e.g. DataLoader(TensorDataset(x, y), batch_size=64)")
+    if loss_fn is not None and not callable(loss_fn):
+        raise TypeError(f"loss_fn={loss_fn!r} is not a function; give loss_fn(outputs, targets) -> per-sample losses, "
+                        "e.g. torch.nn.CrossEntropyLoss(reduction='none'), or leave it out for cross-entropy")
+    if metrics is not None:
+        if not isinstance(metrics, dict):
+            raise TypeError(f"metrics={metrics!r}: give a dict of name -> metric object, e.g. "
+                            "{'acc': torchmetrics.classification.MulticlassAccuracy(num_classes=10)}")
+        for name, m in metrics.items():
+            if not all(callable(getattr(m, a, None)) for a in ("update", "compute", "reset")):
+                raise TypeError(f"metrics[{name!r}]: {m!r:.60} ({type(m).__name__}) is not a metric (update, compute "
+                                "and reset, as torchmetrics' have); e.g. MulticlassAccuracy(num_classes=10)")
 
 
 def listed(kind: str, items) -> list:

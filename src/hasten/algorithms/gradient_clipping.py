@@ -39,6 +39,9 @@ class GradientClipping(Algorithm):
     def __init__(self, mode: str = "norm", threshold: float = 1.0, eps: float = 1e-3):
         if mode not in ("norm", "value", "adaptive"):
             raise ValueError(f"mode={mode!r}: use 'norm', 'value' or 'adaptive'")
+        if not (isinstance(threshold, (int, float)) and threshold > 0) or not eps >= 0:
+            raise ValueError(f"gradient clipping: threshold must be > 0 and eps >= 0, got threshold={threshold!r}, "
+                             f"eps={eps!r}")
         self.mode, self.threshold, self.eps = mode, threshold, eps
 
     def before_optim_step(self, state, logger):

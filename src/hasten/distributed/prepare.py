@@ -159,6 +159,11 @@ def build_schedulers(schedulers: Any, optimizers: list) -> list:
     if schedulers is None:
         return []
     items = list(schedulers) if isinstance(schedulers, (list, tuple)) else [schedulers]
+    for s in items:
+        if not callable(s) and not hasattr(s, "step") and not hasattr(s, "apply"):
+            raise TypeError(f"schedulers: {s!r:.60} ({type(s).__name__}) is not a schedule; give a "
+                            "hasten.optim.LRSchedule, e.g. LRSchedule('cosine', warmup='0.05dur'), a torch LR "
+                            "scheduler, or a factory f(optimizer) -> scheduler")
     return [s(optimizers[0]) if callable(s) and not hasattr(s, "step") and not hasattr(s, "apply") else s
             for s in items]
 
