@@ -160,6 +160,13 @@ def test_a_negative_clipping_norm_is_refused_as_a_keyword_and_as_an_algorithm():
         GradientClipping("norm", 0.0)
 
 
+def test_predict_and_evaluate_name_a_tensor_given_for_batches():
+    tr = Trainer(mlp(), loader(), max_duration="2ba", device="cpu")
+    for call in (tr.predict, tr.evaluate):
+        with pytest.raises(TypeError, match="a Tensor is not a source of batches"):
+            call(torch.zeros(4, 2))
+
+
 def test_one_algorithm_or_callback_alone_is_taken_as_a_list():
     stop = EarlyStopping(monitor="val/loss", patience=3)
     tr = Trainer(mlp(), loader(), max_duration="2ba", device="cpu", algorithms=LabelSmoothing(0.1), callbacks=stop)

@@ -150,3 +150,36 @@ def test_load_path_restores_model_and_optimizer(tmp_path):
     assert other.state.optimizer.state_dict()["state"][0]["step"] == 3
     with pytest.raises(CheckpointError, match="does not match"):
         Trainer(mlp(hidden=5), loader(), device="cpu", load_path=path)
+
+
+def test_a_folder_of_checkpoints_stands_for_its_newest(tmp_path):
+    """load_path= and load_checkpoint() take the save_folder itself (its newest checkpoint that
+    loads), as they take a run folder; save_checkpoint() to a folder says to name a file."""
+    first = Trainer(mlp(), loader(), max_duration="4ba", device="cpu", save_folder=str(tmp_path), save_interval="2ba")
+    first.fit(summary=False)
+    again = Trainer(mlp(), loader(), max_duration="6ba", device="cpu", load_path=str(tmp_path))
+    assert again.state.timestamp.batch == 4
+    other = Trainer(mlp(), loader(), max_duration="6ba", device="cpu")
+    other.load_checkpoint(tmp_path)
+    assert other.state.timestamp.batch == 4
+    with pytest.raises(CheckpointError, match="is a folder; give a file in it"):
+        first.save_checkpoint(tmp_path)
+    empty = tmp_path / "empty"
+    (empty / "checkpoints").mkdir(parents=True)
+    with pytest.raises(CheckpointError, match="without a checkpoint to start from"):
+        Trainer(mlp(), loader(), max_duration="2ba", device="cpu", load_path=str(empty))
+
+
+def test_an_unreadable_checkpoint_is_described_without_torchs_advice_to_run_its_code(tmp_path):
+    """torch's own message suggests weights_only=False, which would run code from the file:
+    hasten's says what the file is instead."""
+    junk = tmp_path / "junk.pt"
+    junk.write_bytes(b"not a checkpoint")
+    with pytest.raises(CheckpointError, match="not a file torch.save wrote") as e:
+        CheckpointIO().load(junk)
+    assert "weights_only" not in str(e.value)
+    obj = tmp_path / "obj.pt"
+    torch.save({"x": Path("a")}, obj)   # a Python object weights_only refuses to rebuild
+    with pytest.raises(CheckpointError, match=r"holds a Python object \(pathlib\.\w*Path\)") as e:
+        CheckpointIO().load(obj)
+    assert "weights_only" not in str(e.value)

@@ -23,9 +23,9 @@ from typing import Any, Callable, Iterable, Sequence
 import torch
 
 from .algorithms.gradient_clipping import GradientClipping
-from .callbacks.checkpoint import Checkpoint
+from .callbacks.checkpoint import INDEX, Checkpoint
 from .checkpoint import CheckpointIO, ShardedCheckpointIO, find_latest, load_latest, restore
-from .checkpoint.format import load_weights
+from .checkpoint.format import REST, load_weights
 from .core import Algorithm, Callback, Engine, Event, Interval, State, Time, TimeUnit
 from .data.batches import inputs_targets, token_count
 from .distributed.fsdp import FSDPOptions
@@ -193,13 +193,18 @@ _KINDS = {   # what each list holds, how to tell, and an example of the right th
 }
 
 
+def check_loader(name: str, loader) -> None:
+    """A tensor where batches go iterates row by row, without targets: say so at once."""
+    if isinstance(loader, torch.Tensor) or (loader is not None and not hasattr(loader, "__iter__")):
+        raise TypeError(f"{name}: a {type(loader).__name__} is not a source of batches; give a DataLoader or any "
+                        "iterable of (inputs, targets), e.g. DataLoader(TensorDataset(x, y), batch_size=64)")
+
+
 def _check_plain_arguments(train_dataloader, eval_dataloader, loss_fn, metrics) -> None:
     """What a slip of the keyword gives: a loss that is not a function, metrics that are not
     metric objects, a tensor where the batches go (it iterates row by row, without targets)."""
-    for name, loader in (("train_dataloader", train_dataloader), ("eval_dataloader", eval_dataloader)):
-        if isinstance(loader, torch.Tensor) or (loader is not None and not hasattr(loader, "__iter__")):
-            raise TypeError(f"{name}: a {type(loader).__name__} is not a source of batches; give a DataLoader or any "
-                            "iterable of (inputs, targets), e.g. DataLoader(TensorDataset(x, y), batch_size=64)")
+    check_loader("train_dataloader", train_dataloader)
+    check_loader("eval_dataloader", eval_dataloader)
     if loss_fn is not None and not callable(loss_fn):
         raise TypeError(f"loss_fn={loss_fn!r} is not a function; give loss_fn(outputs, targets) -> per-sample losses, "
                         "e.g. torch.nn.CrossEntropyLoss(reduction='none'), or leave it out for cross-entropy")
@@ -293,11 +298,7 @@ def start_from(state: State, logger: LogHub, checkpoints: CheckpointOptions, io:
         missing, unexpected = load_pretrained_weights(state.model, path)
         state.resumed_from = {"path": str(path), "weights_only": True, "fresh": missing, "unused": unexpected}
         return
-    if path.is_dir() and (path / "checkpoints").is_dir():   # a run folder
-        latest = find_latest(path / "checkpoints", io)
-        if latest is None:
-            raise CheckpointError(f"{path} is a run folder without a checkpoint to start from")
-        path = latest
+    path = newest_in(path, io)
     payload = io.load(path)
     if checkpoints.load_mode == "weights":
         loaded, fresh, unused = load_weights(state.model, payload["model"])
@@ -308,6 +309,21 @@ def start_from(state: State, logger: LogHub, checkpoints: CheckpointOptions, io:
                               "unused": unused}
         return
     resume_from(state, logger, path, payload, hyperparameters=checkpoints.hyperparameters)
+
+
+def newest_in(path: Path, io: CheckpointIO) -> Path:
+    """A run folder or a folder of checkpoints (save_folder, with hasten's index) stands for
+    its newest checkpoint that loads; a checkpoint file or a sharded checkpoint for itself."""
+    path = Path(path)
+    for folder, what in ((path / "checkpoints", "a run folder"), (path, "a checkpoint folder")):
+        if path.is_dir() and folder.is_dir() and (folder / INDEX).is_file() and not (folder / REST).exists():
+            latest = find_latest(folder, io)
+            if latest is None:
+                raise CheckpointError(f"{path} is {what} without a checkpoint to start from")
+            return latest
+    if path.is_dir() and (path / "checkpoints").is_dir():
+        raise CheckpointError(f"{path} is a run folder without a checkpoint to start from")
+    return path
 
 
 def resume_from(state: State, logger: LogHub, path, payload: dict, hyperparameters: str = "checkpoint") -> dict:

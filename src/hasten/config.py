@@ -74,7 +74,7 @@ class TrainerConfig:
     autoresume: bool = False
     """Continue from the newest checkpoint in run_dir (hasten train --resume RUN_DIR sets it)."""
     load_path: Optional[str] = None
-    """Start from this checkpoint, or a run folder's latest, or a Hugging Face save_pretrained folder; the run gets its own folder."""
+    """Start from this checkpoint, or the latest in a run folder or a folder of checkpoints, or a Hugging Face save_pretrained folder; the run gets its own folder."""
     load_mode: Literal["full", "weights"] = "full"
     """full: the checkpoint's weights, optimizer and clock; weights: only the model's tensors that fit by name and shape (fine-tuning from another task's run)."""
     progress_bar: bool = True

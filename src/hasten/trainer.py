@@ -12,13 +12,14 @@ import math
 import sys
 import time
 import warnings
+from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
 import torch
 
-from .assemble import (CheckpointOptions, Durations, Parts, StepOptions, assemble, listed, on_this_rank,
-                       resume_from, runtime_for)
-from .checkpoint import save
+from .assemble import (CheckpointOptions, Durations, Parts, StepOptions, assemble, check_loader, listed, newest_in,
+                       on_this_rank, resume_from, runtime_for)
+from .checkpoint import ShardedCheckpointIO, save
 from .core import Algorithm, Event, State, Time, TimeUnit
 from .data.batches import (batch_size, cut, forward, inputs_targets, shard_batch, share_range, split_batch, to_device,
                            token_count)
@@ -26,7 +27,7 @@ from .data.resumable import epoch_iterator
 from .data.sharding import RankShare, last_batch_size, own_sharing
 from .distributed.prepare import ParallelOptions, captures_cuda_graphs
 from .distributed.world import all_sum
-from .errors import TrainingError
+from .errors import CheckpointError, TrainingError
 from .loss import IGNORE_INDEX, checked_loss, default_loss, logits_of, loss_fault  # noqa: F401  (loss_fault: re-exported)
 from .microbatch import ActivationBudget, StepSnapshot, average_gradients, halved, micro_count, parse_bytes
 from .runtime import PRECISIONS, Runtime  # noqa: F401  (PRECISIONS: re-exported)
@@ -183,9 +184,15 @@ class Trainer:
     def save_checkpoint(self, path) -> str:
         """Write a checkpoint of the current state (atomically). With a sharded model every rank
         calls it (the model is gathered) and rank 0 writes."""
+        if Path(path).is_dir() and not isinstance(self.checkpoint_io, ShardedCheckpointIO):
+            raise CheckpointError(f"save_checkpoint: {path} is a folder; give a file in it, e.g. "
+                                  f"{Path(path) / 'final.pt'}")
         return save(self.state, path, self.checkpoint_io, write=self.world.is_main)
 
     def load_checkpoint(self, path) -> dict:
+        """Continue from a checkpoint: a file, a sharded checkpoint folder, or a folder of
+        checkpoints (a save_folder or a run folder: its newest that loads)."""
+        path = newest_in(path, self.checkpoint_io)
         return resume_from(self.state, self.logger, path, self.checkpoint_io.load(path))
 
     # ------------------------------------------------------------------ fit
@@ -642,6 +649,7 @@ class Trainer:
     def evaluate(self, dataloader: Iterable | None = None, prefix: str = "val") -> dict[str, float]:
         """Mean loss over all samples (or the tokens that count) and the metrics, under inference
         mode; logged, and seen by algorithms and callbacks."""
+        check_loader("evaluate", dataloader)
         return self._evaluate(dataloader, prefix, record=True)
 
     @torch.inference_mode()
@@ -741,6 +749,7 @@ class Trainer:
     @torch.inference_mode()
     def predict(self, dataloader: Iterable) -> list:
         """Model outputs for every batch (on the CPU), in order."""
+        check_loader("predict", dataloader)
         state, run = self.state, self.engine.run
         was_training = state.model.training
         state.model.eval()

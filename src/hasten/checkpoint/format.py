@@ -68,6 +68,20 @@ def check_payload(payload, path, sharded: bool = False) -> dict:
     return payload
 
 
+def why_unreadable(e: BaseException) -> str:
+    """torch.load's failure in a few words. A refused object is named; torch's advice to load
+    with weights_only=False is left out, since that runs code from the file."""
+    text = str(e)
+    if "Weights only load failed" in text:
+        found = re.search(r"Unsupported global: GLOBAL ([\w.]+)", text)
+        if found:
+            return f"it holds a Python object ({found.group(1)}) that only running code from the file could rebuild"
+        return "it is not a file torch.save wrote"
+    if "central directory" in text or "zip archive" in text:
+        return "it is not a whole torch.save file (truncated or damaged)"
+    return f"{type(e).__name__}: {first_line(e)}"
+
+
 def load_rest(path) -> dict:
     """A sharded checkpoint's payload, its model and optimizer tensors still placeholders
     (`hasten.checkpoint.sharded.restore_tensors` reads them into the run's model)."""
@@ -75,7 +89,7 @@ def load_rest(path) -> dict:
     try:
         payload = torch.load(path / REST, map_location="cpu", weights_only=True)
     except Exception as e:
-        raise CheckpointError(f"cannot read checkpoint {path}: {type(e).__name__}: {first_line(e)}. The folder is "
+        raise CheckpointError(f"cannot read checkpoint {path}: {why_unreadable(e)}. The folder is "
                               "incomplete, corrupt or not a hasten checkpoint; load an earlier checkpoint") from e
     payload = check_payload(payload, path, sharded=True)
     payload["sharded_path"] = str(path)

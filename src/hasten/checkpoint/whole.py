@@ -11,9 +11,9 @@ from pathlib import Path
 
 import torch
 
-from ..errors import CheckpointError, first_line
+from ..errors import CheckpointError
 from ..files import atomic_write, os_error_message
-from .format import check_payload, load_rest
+from .format import check_payload, load_rest, why_unreadable
 
 
 class CheckpointIO:
@@ -43,7 +43,7 @@ class CheckpointIO:
             payload = torch.load(path, map_location="cpu", weights_only=True)
         except Exception as e:
             raise CheckpointError(
-                f"cannot read checkpoint {path}: {type(e).__name__}: {first_line(e)}. The file is corrupt, "
-                "truncated or not a hasten checkpoint; objects that would need code to be run "
-                "are refused. Load an earlier checkpoint from the same folder.") from e
+                f"cannot read checkpoint {path}: {why_unreadable(e)}, so it is corrupt, truncated or not a hasten "
+                "checkpoint (hasten loads tensors and plain data only, never code from a file). Load an earlier "
+                "checkpoint from the same folder.") from e
         return check_payload(payload, path)
