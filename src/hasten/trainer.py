@@ -17,7 +17,8 @@ from typing import Any, Callable, Iterable, Sequence
 
 import torch
 
-from .assemble import (CheckpointOptions, Durations, Parts, StepOptions, assemble, check_loader, listed, newest_in,
+from .arguments import check_loader, listed
+from .assemble import (CheckpointOptions, Durations, Parts, StepOptions, assemble, newest_in,
                        on_this_rank, resume_from, runtime_for)
 from .checkpoint import ShardedCheckpointIO, save
 from .core import Algorithm, Event, State, Time, TimeUnit

@@ -36,7 +36,7 @@ import torch
 
 from .. import algorithms
 from ..allocator import MODES as ALLOCATOR_MODES, configure_host_allocator
-from ..assemble import listed
+from ..arguments import listed
 from ..core import Algorithm, Engine, Event, State, Time
 from ..data.batches import batch_size, inputs_targets
 from ..loggers.base import LogHub
