@@ -167,6 +167,14 @@ def test_predict_and_evaluate_name_a_tensor_given_for_batches():
             call(torch.zeros(4, 2))
 
 
+def test_early_stopping_on_a_metric_evaluation_does_not_produce_says_which_it_does():
+    from hasten.errors import ConfigError
+    tr = Trainer(mlp(), loader(), eval_dataloader=loader(), max_duration="2ba", eval_interval="1ba", device="cpu",
+                 callbacks=[EarlyStopping(monitor="val/acc", mode="max")])
+    with pytest.raises(ConfigError, match=r"monitors 'val/acc', but evaluation produced \['val/loss'\]: give monitor="):
+        tr.fit(summary=False)
+
+
 def test_one_algorithm_or_callback_alone_is_taken_as_a_list():
     stop = EarlyStopping(monitor="val/loss", patience=3)
     tr = Trainer(mlp(), loader(), max_duration="2ba", device="cpu", algorithms=LabelSmoothing(0.1), callbacks=stop)

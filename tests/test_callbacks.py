@@ -7,6 +7,7 @@ import torch
 from hasten import Trainer
 from hasten.callbacks import EarlyStopping, LRMonitor, ProgressBar, SpeedMonitor
 from hasten.core import State, Time
+from hasten.errors import ConfigError
 from hasten.loggers import JSONLLogger, TensorBoardLogger
 
 from tiny import loader, mlp
@@ -49,7 +50,7 @@ def test_early_stopping_stops_fit_and_state_resumes():
     fresh = EarlyStopping()
     fresh.load_state_dict(cb.state_dict())
     assert fresh.best == cb.best and fresh.bad_evals == 1
-    with pytest.raises(KeyError, match="val/acc"):
+    with pytest.raises(ConfigError, match="val/acc"):
         _feed(EarlyStopping(monitor="val/acc"), [1.0])
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 import math
 
 from ..core import Callback
+from ..errors import ConfigError
 
 
 class EarlyStopping(Callback):
@@ -31,8 +32,9 @@ class EarlyStopping(Callback):
 
     def eval_end(self, state, logger):
         if self.monitor not in state.eval_metrics:
-            raise KeyError(f"EarlyStopping monitors {self.monitor!r}, but evaluation produced "
-                           f"{sorted(state.eval_metrics)}")
+            raise ConfigError(f"EarlyStopping monitors {self.monitor!r}, but evaluation produced "
+                              f"{sorted(state.eval_metrics)}: give monitor= one of those, or add the metric to "
+                              "the Trainer's metrics=")
         value = state.eval_metrics[self.monitor]
         reason = None
         if not math.isfinite(value):
