@@ -4,6 +4,7 @@ extra memory goes.
 
     python benchmarks/lm_vs_nanogpt.py --seeds 3                # the side-by-side table
     python benchmarks/lm_vs_nanogpt.py --memory                 # peak memory of hasten train, setting by setting
+    python benchmarks/lm_vs_nanogpt.py --memory --fast-parts    # what the fast recipe adds to the baseline's
 
 Runs alternate (peer seed 0, baseline seed 0, fast seed 0, peer seed 1, ...), each its own
 process: the peer is benchmarks/peers/nanogpt_char.py (hasten's rendering of nanoGPT's train.py
@@ -118,24 +119,39 @@ VARIANTS = {   # hasten train shakespeare-char-baseline, 300 steps, one setting 
 }
 
 
+FAST_PARTS = {   # (recipe, overrides): what shakespeare-char-fast changes, taken back one at a time
+    "shakespeare-char-baseline as users run it": ("shakespeare-char-baseline", []),
+    "shakespeare-char-fast as users run it": ("shakespeare-char-fast", []),
+    "fast, AdamW instead of Muon": ("shakespeare-char-fast", ["optimizer.name=adamw", "optimizer.lr=1e-3",
+                                                            "optimizer.muon=null"]),
+    "fast, the baseline's batch (12 instead of 24)": ("shakespeare-char-fast", ["data.batch_size=12"]),
+    "fast, the baseline's depth (4 layers instead of 2)": ("shakespeare-char-fast", ["model.n_layer=4"]),
+}
+
+
 def memory(args) -> int:
     env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
     rows, data = [], {}
-    for label, extra in VARIANTS.items():
-        peaks = []
-        for seed in range(args.seeds):
-            peaks.append(hasten_run(args.recipe, seed, ["trainer.max_duration=300ba", "trainer.eval_interval=300ba",
-                                                        *extra], env)["peak_rss_mb"])
-        data[label] = peaks
-        rows.append(f"| {label} | `{' '.join(extra) or '-'}` | {_s(peaks, 0)} |")
-    peers = [peer_run(s, env)["peak_rss_mb"] for s in range(args.seeds)]
-    rows.append(f"| nanoGPT (peer), the whole 2000 iterations | - | {_s(peers, 0)} |")
-    data["peer"] = peers
-    md = (f"# Peak memory of `hasten train {args.recipe}`, setting by setting\n\n"
+    variants = FAST_PARTS if args.fast_parts else {k: (args.recipe, v) for k, v in VARIANTS.items()}
+    for seed in range(args.seeds):   # seeds outermost: each variant's runs spread over the sitting
+        for label, (recipe, extra) in variants.items():
+            data.setdefault(label, []).append(hasten_run(recipe, seed, ["trainer.max_duration=300ba",
+                                                                        "trainer.eval_interval=300ba", *extra],
+                                                         env)["peak_rss_mb"])
+    for label, (recipe, extra) in variants.items():
+        shown = (f"`{recipe}` " if args.fast_parts else "") + f"`{' '.join(extra) or '-'}`"
+        rows.append(f"| {label} | {shown} | {_s(data[label], 0)} |")
+    if not args.fast_parts:
+        peers = [peer_run(s, env)["peak_rss_mb"] for s in range(args.seeds)]
+        rows.append(f"| nanoGPT (peer), the whole 2000 iterations | - | {_s(peers, 0)} |")
+        data["peer"] = peers
+    title = ("what `shakespeare-char-fast` adds to the baseline's, one change taken back at a time" if args.fast_parts
+             else f"`hasten train {args.recipe}`, setting by setting")
+    md = (f"# Peak memory: {title}\n\n"
           "300 steps (the peak is reached early: it is the imports and the first evaluation), each its own process; "
           "peak RSS as getrusage reports it for the child.\n\n| variant | overrides | peak RSS MB |\n|---|---|---|\n"
           + "\n".join(rows) + "\n")
-    _, m = write_results(args.name + "-memory", data, md)
+    _, m = write_results(args.name + ("-memory-fast" if args.fast_parts else "-memory"), data, md)
     print(m.read_text())
     return 0
 
@@ -146,6 +162,8 @@ def main(argv=None) -> int:
     ap.add_argument("--allocator", choices=("default", "hasten"), default="hasten")
     ap.add_argument("--memory", action="store_true", help="peak memory of hasten train, setting by setting")
     ap.add_argument("--recipe", default="shakespeare-char-baseline", help="--memory: the recipe")
+    ap.add_argument("--fast-parts", action="store_true",
+                    help="--memory: the fast recipe against the baseline, each of its changes taken back in turn")
     ap.add_argument("--name", default="lm-vs-nanogpt")
     args = ap.parse_args(argv)
     return memory(args) if args.memory else side_by_side(args)
