@@ -23,10 +23,10 @@ from typing import Any, Callable, Iterable, Sequence
 import torch
 
 from .algorithms.gradient_clipping import GradientClipping
+from .arguments import check_arguments, listed
 from .callbacks.checkpoint import INDEX, Checkpoint
 from .checkpoint import CheckpointIO, ShardedCheckpointIO, find_latest, load_latest, restore
 from .checkpoint.format import REST, load_weights
-from .arguments import check_arguments, listed
 from .core import Engine, Interval, State, Time, TimeUnit
 from .data.batches import inputs_targets, token_count
 from .distributed.fsdp import FSDPOptions
@@ -258,15 +258,16 @@ def newest_in(path: Path, io: CheckpointIO) -> Path:
     """A run folder or a folder of checkpoints (save_folder, with hasten's index) stands for
     its newest checkpoint that loads; a checkpoint file or a sharded checkpoint for itself."""
     path = Path(path)
-    for folder, what in ((path / "checkpoints", "a run folder"), (path, "a checkpoint folder")):
-        if path.is_dir() and folder.is_dir() and (folder / INDEX).is_file() and not (folder / REST).exists():
-            latest = find_latest(folder, io)
-            if latest is None:
-                raise CheckpointError(f"{path} is {what} without a checkpoint to start from")
-            return latest
-    if path.is_dir() and (path / "checkpoints").is_dir():
-        raise CheckpointError(f"{path} is a run folder without a checkpoint to start from")
-    return path
+    if (path / "checkpoints").is_dir():
+        folder, what = path / "checkpoints", "a run folder"
+    elif (path / INDEX).is_file() and not (path / REST).exists():
+        folder, what = path, "a checkpoint folder"
+    else:
+        return path
+    latest = find_latest(folder, io)
+    if latest is None:
+        raise CheckpointError(f"{path} is {what} without a checkpoint to start from")
+    return latest
 
 
 def resume_from(state: State, logger: LogHub, path, payload: dict, hyperparameters: str = "checkpoint") -> dict:
