@@ -320,3 +320,13 @@ def test_int8_static_artifact_of_a_conv_run_reloads_to_the_same_evaluation(tmp_p
     assert acc == pytest.approx(report["after"]["val/acc"], abs=1e-4)        # re-quantized to the same model
     program = torch.export.load(tmp_path / "c.pt2").module()                 # and usable without hasten
     assert program(torch.randn(3, 3, 32, 32)).shape == (3, 10)
+
+
+def test_an_unreadable_artifact_is_described_without_torchs_advice_to_run_its_code(tmp_path):
+    from hasten.compress import read_artifact
+    from hasten.errors import CheckpointError
+    junk = tmp_path / "model.pt"
+    junk.write_bytes(b"not an artifact")
+    with pytest.raises(CheckpointError, match="not a file torch.save wrote") as e:
+        read_artifact(junk)
+    assert "weights_only" not in str(e.value)

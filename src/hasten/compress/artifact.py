@@ -21,7 +21,8 @@ from pathlib import Path
 
 import torch
 
-from ..errors import CheckpointError, first_line
+from ..checkpoint.format import why_unreadable
+from ..errors import CheckpointError
 from ..files import atomic_write
 from .quantize import require_torchao
 
@@ -91,10 +92,11 @@ def read_artifact(path: "str | os.PathLike") -> tuple[dict, dict, list | None]:
             try:   # torchao registers its tensor types as safe once imported
                 payload = torch.load(path, map_location="cpu", weights_only=True)
             except Exception as e2:
-                raise CheckpointError(f"cannot read artifact {path}: {type(e2).__name__}: {first_line(e2)}") from e2
+                raise CheckpointError(f"cannot read artifact {path}: {why_unreadable(e2)}") from e2
         else:
-            raise CheckpointError(f"cannot read artifact {path}: {type(e).__name__}: {first_line(e)}. The file is corrupt, "
-                                  "truncated or not a hasten artifact; objects that would need code to run are refused") from e
+            raise CheckpointError(f"cannot read artifact {path}: {why_unreadable(e)}, so it is corrupt, truncated or "
+                                  "not a hasten artifact (hasten loads tensors and plain data only, never code from a "
+                                  "file)") from e
     if not isinstance(payload, dict) or payload.get("format") != FORMAT:
         if isinstance(payload, dict) and "model" in payload and "meta" in payload:
             raise CheckpointError(f"{path} is a training checkpoint, not an artifact: make one with "
