@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 import hasten.hardware as hardware
+import hasten.runtime as runtime_mod
 import hasten.tune as tune_mod
 from hasten.config import load_recipe
 from hasten.tune import Option, Trial, Tuner, stages, throughput, write
@@ -19,8 +20,10 @@ TINY = Path(__file__).parent / "helpers" / "tiny_lm.yaml"
 
 
 def _cpu_flags(monkeypatch, flags):
-    """The flags stand in for this CPU's (and oneDNN's own cap is not consulted: this machine's may refuse bf16)."""
+    """The flags stand in for this CPU's (and oneDNN's own cap is not consulted: this machine's may refuse bf16),
+    in the tune's own plan and in the runtime's rule for `precision: auto`."""
     monkeypatch.setattr(tune_mod, "cpu_has_bf16", lambda: hardware.cpu_has_bf16(frozenset(flags)))
+    monkeypatch.setattr(runtime_mod, "cpu_has_bf16", lambda given=None: hardware.cpu_has_bf16(frozenset(flags)))
 
 
 def _plan(recipe, flags, monkeypatch):

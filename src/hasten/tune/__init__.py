@@ -298,7 +298,8 @@ class Tuner:
                 guard_cost = self._guard_cost(table)
                 pending = name in self.guarded or bool(self._changed(table))   # the guard will have to run
                 need, reserve = needs[name], final_cost + (guard_cost if pending else 0.0)
-                later = sum(v for n, v in needs.items() if n not in decisions and n not in {s["stage"] for s in skipped})
+                done = set(decisions) | {s["stage"] for s in skipped}
+                later = sum(v for n, v in needs.items() if n not in done)
                 want = math.ceil((time.perf_counter() - self.t0 + later + guard_cost + final_cost) / 60)
                 fits = f"--budget {want}m would fit the whole search"
                 if name in self.guarded and need > self.left_s() - reserve:
@@ -502,12 +503,7 @@ def own_precision(recipe: Recipe) -> str:
     """The precision the recipe runs in on this machine: `auto` as `hasten train` resolves it
     (bf16-mixed where the GPU or CPU has bf16 hardware, fp32 elsewhere). Choosing it changes
     nothing in the recipe's arithmetic here, so the quality guard has nothing to check."""
-    p = recipe.trainer.precision
-    if p != "auto":
-        return p
-    if torch.cuda.is_available():
-        return resolve_precision(p, torch.device("cuda"))
-    return "bf16-mixed" if cpu_has_bf16() else "fp32"
+    return resolve_precision(recipe.trainer.precision, torch.device("cuda" if torch.cuda.is_available() else "cpu"))
 
 
 def _default(stage: str, recipe: Recipe) -> str:
