@@ -22,9 +22,9 @@ import time
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 from common import write_results
+from hasten.algorithms.progressive_resizing import resize_batch
 from hasten.algorithms.tta import tta_logits
 from hasten.data.augment import translate as shift
 from hasten.build import recipe_runtime
@@ -111,9 +111,7 @@ def main(argv=None) -> int:
         return total / (2 * (2 * r + 1) ** 2)
 
     def scaled_pair(x, size):   # the image and its mirror resized to size px (area down, bilinear up)
-        mode = "area" if size < x.shape[-1] else "bilinear"
-        z = F.interpolate(x, size=(size, size), mode=mode, **({} if mode == "area" else {"align_corners": False}))
-        z = z.contiguous(memory_format=torch.channels_last)
+        z = resize_batch(x, size / x.shape[-1], size_increment=1).contiguous(memory_format=torch.channels_last)
         return (model(z).float() + model(z.flip(-1)).float()) / 2
 
     @torch.no_grad()
