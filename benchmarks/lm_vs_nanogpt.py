@@ -5,6 +5,7 @@ extra memory goes.
     python benchmarks/lm_vs_nanogpt.py --seeds 3                # the side-by-side table
     python benchmarks/lm_vs_nanogpt.py --memory                 # peak memory of hasten train, setting by setting
     python benchmarks/lm_vs_nanogpt.py --memory --fast-parts    # what the fast recipe adds to the baseline's
+    python benchmarks/lm_vs_nanogpt.py --imports                # what importing TensorBoard's writer costs alone
 
 Runs alternate (peer seed 0, baseline seed 0, fast seed 0, peer seed 1, ...), each its own
 process: the peer is benchmarks/peers/nanogpt_char.py (hasten's rendering of nanoGPT's train.py
@@ -156,6 +157,34 @@ def memory(args) -> int:
     return 0
 
 
+IMPORTS = {   # a fresh process each: peak RSS after these statements
+    "import torch": "import torch",
+    "import torch; from torch.utils.tensorboard import SummaryWriter":
+        "import torch; from torch.utils.tensorboard import SummaryWriter",
+    "the same, and a writer that logs 100 scalars":
+        "import tempfile, torch; from torch.utils.tensorboard import SummaryWriter\n"
+        "w = SummaryWriter(tempfile.mkdtemp())\nfor i in range(100): w.add_scalar('a', float(i), i)\nw.close()",
+}
+
+
+def imports(args) -> int:
+    """Peak RSS of a process that only imports torch, against one that also imports (and uses)
+    TensorBoard's writer: the cost of `trainer.tensorboard` apart from training."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
+    data = {label: [] for label in IMPORTS}
+    for _ in range(args.seeds):   # repeats, interleaved
+        for label, code in IMPORTS.items():
+            data[label].append(measured([sys.executable, "-c", code], env)["peak_rss_mb"])
+    md = ("# Peak memory of importing TensorBoard's writer, apart from training\n\n"
+          f"Each row a fresh process, {args.seeds} repeats interleaved; peak RSS as getrusage reports it.\n\n"
+          "| process | peak RSS MB |\n|---|---|\n"
+          + "\n".join(f"| `{label}` | {_s(v, 0)} |" if label.startswith("import") else f"| {label} | {_s(v, 0)} |"
+                      for label, v in data.items()) + "\n")
+    _, m = write_results(args.name + "-imports", data, md)
+    print(m.read_text())
+    return 0
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seeds", type=int, default=3)
@@ -165,7 +194,10 @@ def main(argv=None) -> int:
     ap.add_argument("--fast-parts", action="store_true",
                     help="--memory: the fast recipe against the baseline, each of its changes taken back in turn")
     ap.add_argument("--name", default="lm-vs-nanogpt")
+    ap.add_argument("--imports", action="store_true", help="peak memory of importing TensorBoard's writer alone")
     args = ap.parse_args(argv)
+    if args.imports:
+        return imports(args)
     return memory(args) if args.memory else side_by_side(args)
 
 
