@@ -32,7 +32,8 @@ git rev-parse --short HEAD 2>/dev/null || cat .gpudata/COMMIT 2>/dev/null
 TAG=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | grep -oiE 'h100|h200|a100|l40s|l4' | head -1 | tr A-Z a-z)
 TAG=${TAG:-gpu}
 # CALL names this call's result folders apart from committed ones (a folder that exists is
-# continued, not rerun: `CALL=-2 bash ... peer` measures afresh)
+# continued, not rerun: `CALL=-2 bash ... peer` measures afresh). PROFILE_MODES picks the
+# profile part's modes (default "compile eager").
 CALL=${CALL:-}
 PEER=cifar10-fast-compiled-vs-muon-$TAG$CALL   # the comparison whose peer runs the others reuse
 
@@ -46,6 +47,7 @@ vs_peer() {   # NAME RECIPE CAP: RECIPE against the compiled peer (its runs copi
 }
 
 for part in "$@"; do
+  echo "== part $part at $(date -u +%H:%M:%S)"
   case $part in
   pack)   # on the home machine: what the GPU machine needs beside the working tree, into .gpudata/
     mkdir -p .gpudata
@@ -90,7 +92,7 @@ for part in "$@"; do
       cifar10-fast+algorithms.progressive_resizing=null+trainer.compile=true ${C_CAP:-150}
     ;;
   profile) # one steady-state step of hasten's cifar10-fast against the peer's, compiled and eager (torch.profiler)
-    for mode in compile eager; do
+    for mode in ${PROFILE_MODES:-compile eager}; do
       flag=(); [ $mode = compile ] && flag=(--compile)
       timeout ${PROFILE_CAP:-150} python3 benchmarks/gpu_step_profile.py --data .data/cifar10-jpeg.zip --device cuda \
         "${flag[@]}" --name gpu_step_profile-$mode-$TAG$CALL | head -8
