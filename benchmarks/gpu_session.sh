@@ -8,7 +8,8 @@
 # `cards-a`, `cards-b` (method cards on the cifar10-narrow proxy), `peer` (compiled cifar10-fast
 # against the compiled airbench94_muon peer, 3 seeds each), `eager` (uncompiled cifar10-fast
 # against the same peer runs), `peer8` (8 epochs, no resizing, against them), `peer8c` and `peer9c`
-# (compiled: the peer's procedure with all six test views; 9 epochs without resizing), `graphs`
+# (compiled: the peer's procedure with all six test views; 9 epochs without resizing), `peer8g` (peer8c
+# with CUDA graphs), `graphs`
 # (compiled with CUDA graphs: trainer.compile_mode=reduce-overhead), `muonloop` (compiled, Muon's
 # kernels stepped one at a time: the comparison for optimizer.muon.foreach's default), `probe`
 # (patch whitening's fit, device cold or prepared), `profile` (one step of each side under
@@ -80,6 +81,10 @@ for part in "$@"; do
   peer8c) # the peer's own procedure in hasten, compiled: 8 epochs, 32 px throughout, all six views at test
     vs_peer cifar10-fast-8ep-fulltta-compiled-vs-muon-$TAG$CALL \
       cifar10-fast+trainer.max_duration=8ep+algorithms.progressive_resizing=null+algorithms.tta.fraction=1.0+trainer.compile=true ${C_CAP:-150}
+    ;;
+  peer8g) # the peer's own procedure in hasten, compiled with CUDA graphs (the step of peer8c without its host wait)
+    vs_peer cifar10-fast-8ep-fulltta-graphs-vs-muon-$TAG$CALL \
+      cifar10-fast+trainer.max_duration=8ep+algorithms.progressive_resizing=null+algorithms.tta.fraction=1.0+trainer.compile=true+trainer.compile_mode=reduce-overhead ${C_CAP:-150}
     ;;
   graphs) # compiled with CUDA graphs (trainer.compile_mode=reduce-overhead) against the same peer runs
     vs_peer cifar10-fast-graphs-vs-muon-$TAG$CALL cifar10-fast+trainer.compile=true+trainer.compile_mode=reduce-overhead ${C_CAP:-150}
