@@ -12,7 +12,7 @@ import torch
 from hasten.data import (ChecksumError, DatasetNotFoundError, EvalWindows, RandomWindows, ResumableSampler,
                          TensorPairs, epoch_iterator, load_text, make_dataloader)
 from hasten.data.cifar import CLASSES, load_cifar10, read_image_zip
-from hasten.data.text import CharTokenizer
+from hasten.data.text import CharTokenizer, compact_dtype
 
 
 def _fake_cifar_archive(path, n_per_batch=10):
@@ -139,6 +139,52 @@ def test_augmentation_independent_of_worker_count(workers):
         assert torch.equal(x1, x2) and torch.equal(y1, y2)
     skipped = list(epoch_iterator(make_dataloader(ds, 4, seed=5, transform=_noise, num_workers=workers), 5, 1, 2))
     assert len(skipped) == 3 and torch.equal(skipped[0][0], ref[2][0])
+
+
+def test_char_encoding_matches_a_lookup_per_character_in_any_dtype():
+    """The vectorised encoder against the plain per-character dictionary lookup, over the
+    packaged corpus and over text outside ASCII (accents, a euro sign, an emoji)."""
+    for text in (load_text(), "naïve café — 5 € 🙂\nzürich"):
+        tok = CharTokenizer(text)
+        reference = torch.tensor([tok.stoi[c] for c in text], dtype=torch.long)
+        assert torch.equal(tok.encode(text), reference)
+        small = tok.encode(text, compact_dtype(tok.vocab_size))
+        assert small.dtype == torch.uint8 and torch.equal(small.long(), reference)
+        assert tok.decode(tok.encode(text[:200])) == text[:200]
+    assert compact_dtype(256) == torch.uint8 and compact_dtype(257) == torch.int16 and compact_dtype(50257) == torch.int32
+    with pytest.raises(ValueError, match="'Z' is not in the vocabulary"):
+        CharTokenizer("abc").encode("abZc")
+
+
+def test_windows_over_compact_tokens_equal_those_over_int64():
+    """A corpus kept in uint8 (or a memory-mapped uint16 file) gives the same int64 batches as
+    the same ids in int64, training and evaluation alike."""
+    ids = torch.randint(0, 65, (5000,), generator=torch.Generator().manual_seed(0))
+    wide = RandomWindows(ids, block_size=16, batch_size=6, seed=3)
+    narrow = RandomWindows(ids.to(torch.uint8), block_size=16, batch_size=6, seed=3)
+    assert narrow.tokens.dtype == torch.uint8   # kept compact, not widened up front
+    for i in range(3):
+        (xw, yw), (xn, yn) = wide.batch(0, i), narrow.batch(0, i)
+        assert xn.dtype == yn.dtype == torch.long and torch.equal(xw, xn) and torch.equal(yw, yn)
+    mapped = np.asarray(ids.numpy(), dtype=np.uint16)
+    for tokens in (ids.to(torch.uint8), mapped):
+        got, want = list(EvalWindows(tokens, 64, 7)), list(EvalWindows(ids, 64, 7))
+        assert len(got) == len(want) and all(x.dtype == torch.long and torch.equal(x, xw) and torch.equal(y, yw)
+                                             for (x, y), (xw, yw) in zip(got, want))
+
+
+def test_the_char_task_keeps_its_corpus_in_a_byte_a_character(tmp_path):
+    from hasten.build import build_run
+    from hasten.config import load_recipe
+    run = build_run(load_recipe("shakespeare-char-baseline", [f"trainer.run_dir={tmp_path}/run"]),
+                    progress_bar=False, console_logger=False)
+    try:
+        train = run.built.train_dataloader
+        assert train.tokens.dtype == torch.uint8 and len(train.tokens) == 1003854
+        x, y = next(iter(train))
+        assert x.dtype == y.dtype == torch.long
+    finally:
+        run.close()
 
 
 def test_text_windows():

@@ -11,8 +11,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Literal, Optional
 
 from ..data.corpus import BPE, token_bytes, tokenized_corpus
-from ..data.text import (ByteTokenizer, CharTokenizer, EvalWindows, RandomWindows, check_token_range, load_text,
-                         load_token_file, split_tokens)
+from ..data.text import (ByteTokenizer, CharTokenizer, EvalWindows, RandomWindows, check_token_range, compact_dtype,
+                         load_text, load_token_file, split_tokens)
 from ..errors import ConfigError, DataError
 from ..metrics import bits_per_byte
 from ..models.gpt import GPT, GPTConfig
@@ -84,7 +84,7 @@ def _tokens(d: DataConfig):
         return load_token_file(d.train_file, d.token_dtype), load_token_file(d.val_file, d.token_dtype), None, (None, None)
     text = load_text(d.source)
     tok = CharTokenizer(text) if d.tokenizer == "char" else ByteTokenizer()
-    train, val = split_tokens(tok.encode(text), d.train_fraction)
+    train, val = split_tokens(tok.encode(text, compact_dtype(tok.vocab_size)), d.train_fraction)   # windows: int64
     return train, val, tok, (None, None)
 
 
