@@ -154,6 +154,9 @@ def test_char_encoding_matches_a_lookup_per_character_in_any_dtype():
     assert compact_dtype(256) == torch.uint8 and compact_dtype(257) == torch.int16 and compact_dtype(50257) == torch.int32
     with pytest.raises(ValueError, match="'Z' is not in the vocabulary"):
         CharTokenizer("abc").encode("abZc")
+    with pytest.raises(ValueError, match="'a' is not in the vocabulary"):
+        CharTokenizer("").encode("a")
+    assert CharTokenizer("abc").encode("").shape == (0,)
 
 
 def test_windows_over_compact_tokens_equal_those_over_int64():

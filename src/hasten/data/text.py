@@ -67,6 +67,8 @@ class CharTokenizer:
         """The ids of `text`'s characters, as `dtype` (`compact_dtype(vocab_size)` stores a corpus
         in 1-2 bytes a character instead of 8). Vectorised: no Python object per character."""
         known = np.fromiter((ord(c) for c in self.chars), dtype=np.uint32, count=len(self.chars))   # sorted
+        if text and not len(known):
+            raise ValueError(f"character {text[0]!r} is not in the vocabulary (it is empty)")
         out = np.empty(len(text), dtype=_NUMPY.get(dtype, np.int64))
         for start in range(0, len(text), _CHUNK):   # in chunks: the temporaries stay small
             codes = np.frombuffer(text[start:start + _CHUNK].encode("utf-32-le"), dtype=np.uint32)
