@@ -13,7 +13,8 @@
 # (compiled with CUDA graphs: trainer.compile_mode=reduce-overhead), `muonloop` (compiled, Muon's
 # kernels stepped one at a time: the comparison for optimizer.muon.foreach's default), `probe`
 # (patch whitening's fit, device cold or prepared), `profile` (one step of each side under
-# torch.profiler: host and device time, kernels; benchmarks/gpu_step_profile.py), `float8` (a GPT in bf16 against float8, benchmarks/float8_gpt.py).
+# torch.profiler: host and device time, kernels; benchmarks/gpu_step_profile.py), `float8` (a GPT in bf16 against float8, benchmarks/float8_gpt.py), `float8long` (the same at
+# 12 x 2048, bf16 against tensorwise, 1000 steps).
 #   bash benchmarks/gpu_session.sh bench ddp fsdp
 # The CIFAR zip (about 60 MiB) does not fit beside the working tree in a 64 MiB transfer: on the
 # home machine `bash benchmarks/gpu_session.sh pack` writes it as one solid tar.xz of about
@@ -112,6 +113,11 @@ for part in "$@"; do
     timeout ${FLOAT8_CAP:-170} python3 benchmarks/float8_gpt.py --device cuda --sizes 24x1024,12x768 --steps 60 \
       --warmup 10 --name float8-gpt-$TAG
     mkdir -p "$W/results"; cp benchmarks/results/float8-gpt-$TAG.* "$W/results/" 2>/dev/null
+    ;;
+  float8long) # float8 where it paid (12 x 2048, tensorwise) against bf16 over 1000 steps: the losses compared late in a run
+    timeout ${FLOAT8_CAP:-420} python3 benchmarks/float8_gpt.py --device cuda --sizes 12x2048 --variants bf16,tensorwise \
+      --steps 1000 --warmup 10 --name float8-gpt-long-$TAG$CALL
+    mkdir -p "$W/results"; cp benchmarks/results/float8-gpt-long-$TAG$CALL.* "$W/results/" 2>/dev/null
     ;;
   bench)
     hasten bench cifar10-fast $DATA --seeds 5 --target 'val/acc>=0.908' --out "$W/b" --name cifar10-fast-cuda-synced
