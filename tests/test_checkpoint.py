@@ -1,6 +1,5 @@
 """Checkpoints: exact resume after SIGKILL and SIGTERM, atomic writes, safe loading."""
 import os
-import pickle
 import signal
 import subprocess
 import sys

@@ -13,7 +13,6 @@ from pathlib import Path
 
 import pytest
 import torch
-import yaml
 from torch.utils.data import DataLoader, TensorDataset
 
 from hasten import Trainer
@@ -26,7 +25,7 @@ from hasten.config import load_recipe
 from hasten.errors import ConfigError, TrainingError
 from hasten.loggers import JSONLLogger
 
-from tiny import classification_data, loader, mlp
+from tiny import classification_data, mlp
 
 TINY = Path(__file__).parent / "helpers" / "tiny_lm.yaml"
 QUICK = [str(TINY), "trainer.max_duration=10ba", "trainer.eval_interval=10ba", "data.eval_tokens=300",

@@ -7,7 +7,6 @@ import json
 import os
 import sys
 import textwrap
-import warnings
 
 import pytest
 import torch
@@ -17,9 +16,8 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import hasten.functional as hf
 from hasten import Trainer
-from hasten.algorithms import EMA, BlurPool, ChannelsLast, DiracInit, GhostBatchNormAlgorithm, LabelSmoothing, TTA
+from hasten.algorithms import BlurPool, ChannelsLast, DiracInit, GhostBatchNormAlgorithm, LabelSmoothing, TTA
 from hasten.callbacks import SpeedMonitor
-from hasten.config import load_recipe
 from hasten.errors import ConfigError
 from hasten.loss import logits_of
 from hasten.usercode import check_trust

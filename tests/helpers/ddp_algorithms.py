@@ -8,7 +8,6 @@ import json
 import sys
 
 import torch
-from torch import nn
 
 from hasten import Trainer, make_runtime
 from hasten.algorithms import REGISTRY

@@ -21,6 +21,7 @@ save at batch B); JOB_PRECISION sets the precision (default fp32); JOB_OPT=muon 
 JOB_MICROBATCH (a size or auto) and JOB_MEMORY_LIMIT (bytes) set the Trainer's micro-batching."""
 import json
 import os
+import signal
 import sys
 
 import torch
@@ -136,8 +137,6 @@ def main(model_name: str, out: str, grad_accum="1", sigterm_rank1_at="0", save: 
         from hasten.algorithms import GhostBatchNormAlgorithm
         algos = [GhostBatchNormAlgorithm(ghost_size=4)]
     if sigterm_rank1_at and rt.world.rank == 1:   # a signal that reaches one rank only
-        import signal
-
         from hasten import Algorithm
 
         class Term(Algorithm):
@@ -147,8 +146,6 @@ def main(model_name: str, out: str, grad_accum="1", sigterm_rank1_at="0", save: 
         algos.append(Term())
     kill_in_save = os.environ.get("JOB_KILL_IN_SAVE")   # every rank SIGKILLs itself inside this sharded save
     if kill_in_save:
-        import signal
-
         import torch.distributed.checkpoint as dcp
         dcp_save = dcp.save
 
@@ -159,8 +156,6 @@ def main(model_name: str, out: str, grad_accum="1", sigterm_rank1_at="0", save: 
         dcp.save = save_then_die
     kill_at = int(os.environ.get("JOB_KILL_AT", 0))   # every rank SIGKILLs itself after this batch's checkpoint point
     if kill_at:
-        import signal
-
         from hasten import Algorithm
 
         class Kill(Algorithm):
