@@ -35,7 +35,7 @@ TAG=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | grep -oiE 
 TAG=${TAG:-gpu}
 # CALL names this call's result folders apart from committed ones (a folder that exists is
 # continued, not rerun: `CALL=-2 bash ... peer` measures afresh). PROFILE_MODES picks the
-# profile part's modes (default "compile eager").
+# profile part's modes (default "compile eager"; "graphs": hasten's side with CUDA graphs).
 CALL=${CALL:-}
 PEER=cifar10-fast-compiled-vs-muon-$TAG$CALL   # the comparison whose peer runs the others reuse
 
@@ -100,6 +100,7 @@ for part in "$@"; do
   profile) # one steady-state step of hasten's cifar10-fast against the peer's, compiled and eager (torch.profiler)
     for mode in ${PROFILE_MODES:-compile eager}; do
       flag=(); [ $mode = compile ] && flag=(--compile)
+      [ $mode = graphs ] && flag=(--compile --compile-mode reduce-overhead)   # hasten's side with CUDA graphs
       timeout ${PROFILE_CAP:-150} python3 benchmarks/gpu_step_profile.py --data .data/cifar10-jpeg.zip --device cuda \
         "${flag[@]}" --name gpu_step_profile-$mode-$TAG$CALL | head -8
       mkdir -p "$W/results"; cp benchmarks/results/gpu_step_profile-$mode-$TAG$CALL.* "$W/results/" 2>/dev/null

@@ -16,7 +16,7 @@ recipe's batch; hasten through `hasten.build.build_run`, its whole Trainer loop;
 through its own `run`, the step ending at its Muon update.
 
     python benchmarks/gpu_step_profile.py --data cifar10-jpeg.zip [--device cuda] [--compile]
-        [--batch-size 2000] [--wait 30] [--active 20] [--name gpu_step_profile]
+        [--compile-mode reduce-overhead] [--batch-size 2000] [--wait 30] [--active 20] [--name gpu_step_profile]
 
 (Runs on the CPU too, slowly: `--device cpu --batch-size 100 --wait 3 --active 4`.)
 """
@@ -99,7 +99,8 @@ def profile_peer(data, device: torch.device, compiled: bool, batch: int, wait: i
     return summarise(prof, active)
 
 
-def profile_hasten(data_path: str, device: torch.device, compiled: bool, batch: int, wait: int, active: int) -> dict:
+def profile_hasten(data_path: str, device: torch.device, compiled: bool, batch: int, wait: int, active: int,
+                   mode: str | None = None) -> dict:
     from hasten.build import build_run
     from hasten.config import load_recipe
     from hasten.core.callback import Callback
@@ -108,6 +109,7 @@ def profile_hasten(data_path: str, device: torch.device, compiled: bool, batch: 
         recipe = load_recipe("cifar10-fast", [
             f"data.path={data_path}", f"data.batch_size={batch}", f"trainer.device={device.type}",
             f"trainer.compile={str(compiled).lower()}", "algorithms.progressive_resizing=null",
+            *([f"trainer.compile_mode={mode}"] if mode else []),
             "trainer.eval_interval=1000ep", "trainer.max_duration=1000ep", f"trainer.run_dir={tmp}/run",
             "trainer.checkpoints=false"])
         run = build_run(recipe, progress_bar=False, console_logger=False)
@@ -138,11 +140,15 @@ def main() -> None:
     ap.add_argument("--data", required=True, help="the CIFAR-10 archive, folder or zip")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--compile", action="store_true", help="both sides compiled (as the GPU comparison runs them)")
+    ap.add_argument("--compile-mode", default=None, help="hasten's side only: torch.compile's mode, e.g. "
+                    "reduce-overhead (CUDA graphs; with --compile)")
     ap.add_argument("--batch-size", type=int, default=2000)
     ap.add_argument("--wait", type=int, default=30, help="steps before recording (compilation falls in them)")
     ap.add_argument("--active", type=int, default=20, help="steps recorded")
     ap.add_argument("--name", default="gpu_step_profile")
     a = ap.parse_args()
+    if a.compile_mode and not a.compile:
+        sys.exit("gpu_step_profile: --compile-mode needs --compile")
     if min(a.batch_size, a.wait, a.active) < 1:
         sys.exit("gpu_step_profile: --batch-size, --wait and --active must be at least 1")
     try:
@@ -152,14 +158,16 @@ def main() -> None:
     from hasten.data.cifar import load_cifar10
     from common import write_results
     data = load_cifar10(a.data)
-    sides = {"hasten cifar10-fast (32 px)": profile_hasten(a.data, device, a.compile, a.batch_size, a.wait, a.active),
+    label = "hasten cifar10-fast (32 px" + (f", {a.compile_mode})" if a.compile_mode else ")")
+    sides = {label: profile_hasten(a.data, device, a.compile, a.batch_size, a.wait, a.active, a.compile_mode),
              "airbench94_muon (hasten's rendering)": profile_peer(data, device, a.compile, a.batch_size, a.wait, a.active)}
     dev = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
 
     def f(v, fmt="{:.2f}"):
         return "–" if v is None else fmt.format(v)
 
-    lines = [f"# One training step, hasten against the Muon peer ({dev}{', compiled' if a.compile else ''})", "",
+    how = (", compiled" if a.compile else "") + (f"; hasten's side in mode {a.compile_mode}" if a.compile_mode else "")
+    lines = [f"# One training step, hasten against the Muon peer ({dev}{how})", "",
              f"Batch {a.batch_size}, 32 px, steady state: {a.active} steps recorded after {a.wait + WARM}.", "",
              "| side | host ms a step (median) | device busy ms a step | kernels a step |", "|---|---|---|---|"]
     for side, r in sides.items():
@@ -172,7 +180,8 @@ def main() -> None:
             lines += ["", f"## {side}: device time by kernel (ms a step)", "", "| kernel | ms |", "|---|---|"]
             lines += [f"| `{k}` | {v:.3f} |" for k, v in r["top_kernels_ms_per_step"].items()]
     md = "\n".join(lines)
-    write_results(a.name, {"device": dev, "compiled": a.compile, "batch_size": a.batch_size, "wait": a.wait,
+    write_results(a.name, {"device": dev, "compiled": a.compile, "compile_mode": a.compile_mode,
+                           "batch_size": a.batch_size, "wait": a.wait,
                            "active": a.active, "sides": sides}, md)
     print(md)
 
