@@ -163,6 +163,19 @@ def test_a_folder_of_checkpoints_stands_for_its_newest(tmp_path):
     assert other.state.timestamp.batch == 4
     with pytest.raises(CheckpointError, match="is a folder; give a file in it"):
         first.save_checkpoint(tmp_path)
+
+    class FolderIO(CheckpointIO):   # a user's I/O that writes a folder per checkpoint
+        writes_folder = True
+
+        def save(self, payload, path):
+            (Path(path) / "payload.pt").parent.mkdir(parents=True, exist_ok=True)
+            torch.save(payload, Path(path) / "payload.pt")
+
+    own = Trainer(mlp(), loader(), max_duration="2ba", device="cpu", checkpoint_io=FolderIO())
+    own.fit(summary=False)
+    (tmp_path / "mine").mkdir()
+    own.save_checkpoint(tmp_path / "mine")   # its own kind of target: not refused
+    assert (tmp_path / "mine" / "payload.pt").is_file()
     empty = tmp_path / "empty"
     (empty / "checkpoints").mkdir(parents=True)
     with pytest.raises(CheckpointError, match="without a checkpoint to start from"):

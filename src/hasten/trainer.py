@@ -20,7 +20,7 @@ import torch
 from .arguments import check_loader, listed
 from .assemble import (CheckpointOptions, Durations, Parts, StepOptions, assemble, newest_in,
                        on_this_rank, resume_from, runtime_for)
-from .checkpoint import ShardedCheckpointIO, save
+from .checkpoint import save
 from .core import Algorithm, Event, State, Time, TimeUnit
 from .data.batches import (batch_size, cut, forward, inputs_targets, shard_batch, share_range, split_batch, to_device,
                            token_count)
@@ -185,7 +185,7 @@ class Trainer:
     def save_checkpoint(self, path) -> str:
         """Write a checkpoint of the current state (atomically). With a sharded model every rank
         calls it (the model is gathered) and rank 0 writes."""
-        if Path(path).is_dir() and not isinstance(self.checkpoint_io, ShardedCheckpointIO):
+        if Path(path).is_dir() and not getattr(self.checkpoint_io, "writes_folder", False):
             raise CheckpointError(f"save_checkpoint: {path} is a folder; give a file in it, e.g. "
                                   f"{Path(path) / 'final.pt'}")
         return save(self.state, path, self.checkpoint_io, write=self.world.is_main)

@@ -75,6 +75,7 @@ class ShardedCheckpointIO(CheckpointIO):
     both kinds (as CheckpointIO does)."""
 
     suffix = ".dcp"
+    writes_folder = True
     gathers = False   # capture keeps the model's and optimizer's shards as they are
 
     def save(self, payload: dict, path: "str | os.PathLike") -> None:

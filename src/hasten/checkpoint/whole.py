@@ -21,6 +21,8 @@ class CheckpointIO:
     a failed write (disk full, a signal) leaves the previous file as it was."""
 
     suffix = ".pt"   # what this IO writes: a file NAME.pt (a sharded IO writes a folder)
+    writes_folder = False   # a checkpoint is a file: save_checkpoint refuses a folder path (a subclass
+                            # that writes a folder per checkpoint sets True)
     gathers = True   # a sharded model's state is gathered whole before it is written (rank 0 writes)
 
     def save(self, payload: dict, path: "str | os.PathLike") -> None:
