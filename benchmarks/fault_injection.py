@@ -626,7 +626,8 @@ def p2_closed_stdout(d: Path):
 
 @probe("2.14 Ctrl-C while hasten imports; SIGTERM while a run is set up", "one line, no traceback; no half-made run folder")
 def p2_early_signals(d: Path):
-    proc = subprocess.Popen(["hasten", "recipes"], cwd=d, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # the `hasten` command as installed (hasten_entry, which turns a Ctrl-C during the imports into one line)
+    proc = subprocess.Popen([sys.executable, "-m", "hasten_entry", "recipes"], cwd=d, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     time.sleep(0.3)
     proc.send_signal(signal.SIGINT)
     _, err1 = proc.communicate(timeout=60)

@@ -38,6 +38,15 @@ def test_version_is_answered_without_importing_torch_and_matches_the_package():
     assert r.stdout.splitlines() == [f"hasten {__version__}", "False 0"]
 
 
+def test_python_dash_m_hasten_is_the_command():
+    """`python -m hasten` runs the same command line (for a scripts folder not on PATH)."""
+    r = subprocess.run([sys.executable, "-m", "hasten", "recipes"], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and "cifar10-fast " in r.stdout, r.stderr
+    r = subprocess.run([sys.executable, "-m", "hasten", "train", "trainer.max_duraton=3ba"], capture_output=True,
+                       text=True, timeout=300)
+    assert r.returncode == 2 and r.stderr.startswith("hasten: error: unknown key 'trainer.max_duraton'"), r.stderr
+
+
 def test_train_short_run_prints_results_and_paths(tmp_path):
     r = run_cli("train", "trainer.max_duration=30ba", "trainer.eval_interval=15ba", "data.batch_size=4",
                 "model.n_layer=1", "--no-progress", cwd=tmp_path)
