@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import subprocess
 import sys
 
@@ -50,7 +49,7 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     if a.copies < 1 or a.repeats < 1:
         sys.exit("char_encode_cost: --copies and --repeats must be at least 1")
-    from common import write_results
+    from common import mean_sd, write_results
     runs = {label: [] for label in WAYS}
     for _ in range(a.repeats):   # the ways alternate
         for label, way in WAYS.items():
@@ -58,11 +57,8 @@ def main(argv=None) -> int:
                                  check=True).stdout
             runs[label].append(json.loads(out.strip().splitlines()[-1]))
 
-    def s(xs, d=2):
-        return f"{statistics.mean(xs):.{d}f}" + (f" ± {statistics.stdev(xs):.{d}f}" if len(xs) > 1 else "")
-
     chars = runs[next(iter(WAYS))][0]["chars"]
-    rows = [f"| {label} | {r[0]['dtype']} | {s([x['s'] for x in r])} | {s([x['peak_mb'] for x in r], 0)} | "
+    rows = [f"| {label} | {r[0]['dtype']} | {mean_sd([x['s'] for x in r], 2)} | {mean_sd([x['peak_mb'] for x in r], 0)} | "
             f"{r[0]['held_mb']:.0f} |" for label, r in runs.items()]
     md = (f"# Encoding a character corpus: {chars / 1e6:.1f} M characters\n\n"
           f"Tiny Shakespeare x {a.copies}; each way a fresh process, {a.repeats} rounds alternating.\n\n"

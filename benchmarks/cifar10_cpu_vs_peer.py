@@ -35,14 +35,12 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from common import RESULTS, write_results  # noqa: E402
+from common import RESULTS, glibc_env, hasten_malloc, write_results  # noqa: E402
 
-from hasten.allocator import MMAP_MAX, MMAP_THRESHOLD, TOP_PAD, TRIM_THRESHOLD  # noqa: E402
 from hasten.bench.stats import ratio_ci  # noqa: E402
 
 HERE = Path(__file__).parent
-HASTEN_MALLOC = {"MALLOC_MMAP_THRESHOLD_": str(MMAP_THRESHOLD), "MALLOC_TRIM_THRESHOLD_": str(TRIM_THRESHOLD),
-                 "MALLOC_TOP_PAD_": str(TOP_PAD), "MALLOC_MMAP_MAX_": str(MMAP_MAX)}
+HASTEN_MALLOC = hasten_malloc()
 
 
 def _read_jsonl(path: Path) -> list[dict]:
@@ -96,7 +94,7 @@ def main(argv=None) -> int:
     folder = RESULTS / "bench" / args.name
     folder.mkdir(parents=True, exist_ok=True)
     peer_log = folder / "peer.jsonl"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
+    env = glibc_env()
     if args.peer_malloc == "hasten":
         env.update(HASTEN_MALLOC)
     if args.report_only:

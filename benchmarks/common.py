@@ -1,8 +1,10 @@
-"""Shared bits of the benchmark scripts: machine description and result files."""
+"""Shared bits of the benchmark scripts: machine description, result files, the allocator
+environments child processes are measured under, and the mean ± sd of a table cell."""
 from __future__ import annotations
 
 import json
 import os
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -54,6 +56,28 @@ def portable(arg: str) -> str:
         parts = path.parts
         short = "/".join(parts[parts.index("runs"):]) if "runs" in parts else path.name
     return key + sep + short
+
+
+def glibc_env() -> dict:
+    """This process's environment without glibc's MALLOC_* variables: a child process then runs
+    under malloc's defaults, as a plain PyTorch script does."""
+    return {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
+
+
+def hasten_malloc() -> dict:
+    """The four allocator settings `hasten train` applies on a CPU, as MALLOC_* variables for a
+    child process that is not hasten's."""
+    from hasten.allocator import MMAP_MAX, MMAP_THRESHOLD, TOP_PAD, TRIM_THRESHOLD
+    return {"MALLOC_MMAP_THRESHOLD_": str(MMAP_THRESHOLD), "MALLOC_TRIM_THRESHOLD_": str(TRIM_THRESHOLD),
+            "MALLOC_TOP_PAD_": str(TOP_PAD), "MALLOC_MMAP_MAX_": str(MMAP_MAX)}
+
+
+def mean_sd(xs, digits: int) -> str:
+    """'mean ± sd' of `xs` to `digits` places (sd 0 for one value; '-' for none)."""
+    if not xs:
+        return "-"
+    sd = statistics.stdev(xs) if len(xs) > 1 else 0.0
+    return f"{statistics.mean(xs):.{digits}f} ± {sd:.{digits}f}"
 
 
 def write_results(name: str, data: dict, markdown: str) -> tuple[Path, Path]:

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -118,8 +117,8 @@ def main() -> None:
         else:
             child_hf(args.steps, args.workload == "hf-gpt-hasten")
         return
-    from common import write_results
-    base_env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
+    from common import glibc_env, write_results
+    base_env = glibc_env()
     results = {m: [] for m in MODES}
     rss = {m: [] for m in MODES}
     bf16 = None

@@ -22,21 +22,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import statistics
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from common import RESULTS, write_results  # noqa: E402
-
-from hasten.allocator import MMAP_MAX, MMAP_THRESHOLD, TOP_PAD, TRIM_THRESHOLD  # noqa: E402
+from common import RESULTS, glibc_env, hasten_malloc, mean_sd as _s, write_results  # noqa: E402
 
 HERE = Path(__file__).parent
-HASTEN_MALLOC = {"MALLOC_MMAP_THRESHOLD_": str(MMAP_THRESHOLD), "MALLOC_TRIM_THRESHOLD_": str(TRIM_THRESHOLD),
-                 "MALLOC_TOP_PAD_": str(TOP_PAD), "MALLOC_MMAP_MAX_": str(MMAP_MAX)}
+HASTEN_MALLOC = hasten_malloc()
 WRAP = ("import json, resource, subprocess, sys\n"
         "rc = subprocess.run(sys.argv[1:]).returncode\n"
         "print('PEAK ' + json.dumps({'rc': rc, 'peak_rss_mb': resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024}))\n")
@@ -69,15 +64,8 @@ def peer_run(seed: int, env: dict) -> dict:
     return {"val_loss": r["val_loss"], "timed_s": r["timed_s"], "peak_rss_mb": m["peak_rss_mb"]}
 
 
-def _s(xs, digits):
-    if not xs:
-        return "-"
-    sd = statistics.stdev(xs) if len(xs) > 1 else 0.0
-    return f"{statistics.mean(xs):.{digits}f} ± {sd:.{digits}f}"
-
-
 def side_by_side(args) -> int:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
+    env = glibc_env()
     allocator = ["trainer.host_allocator=auto"] if args.allocator == "hasten" else ["trainer.host_allocator=default"]
     peer_env = {**env, **HASTEN_MALLOC} if args.allocator == "hasten" else env
     log = RESULTS / f"{args.name}.runs.jsonl"
@@ -131,7 +119,7 @@ FAST_PARTS = {   # (recipe, overrides): what shakespeare-char-fast changes, take
 
 
 def memory(args) -> int:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
+    env = glibc_env()
     rows, data = [], {}
     variants = FAST_PARTS if args.fast_parts else {k: (args.recipe, v) for k, v in VARIANTS.items()}
     for seed in range(args.seeds):   # seeds outermost: each variant's runs spread over the sitting
@@ -170,7 +158,7 @@ IMPORTS = {   # a fresh process each: peak RSS after these statements
 def imports(args) -> int:
     """Peak RSS of a process that only imports torch, against one that also imports (and uses)
     TensorBoard's writer: the cost of `trainer.tensorboard` apart from training."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
+    env = glibc_env()
     data = {label: [] for label in IMPORTS}
     for _ in range(args.seeds):   # repeats, interleaved
         for label, code in IMPORTS.items():
