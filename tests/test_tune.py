@@ -272,6 +272,9 @@ def test_auto_precision_is_the_recipes_own_arithmetic_on_this_machine(monkeypatc
     assert tune_mod._default("precision", recipe) == "bf16-mixed"
     _cpu_flags(monkeypatch, {"avx2"})
     assert tune_mod._default("precision", recipe) == "fp32"
+    # on the recipe's own device: a CPU run on a machine with a GPU is judged by the CPU
+    monkeypatch.setattr(tune_mod.torch.cuda, "is_available", lambda: True)
+    assert tune_mod._default("precision", load_recipe("cifar10-fast", ["trainer.device=cpu"])) == "fp32"
 
 
 def test_a_round_that_no_longer_fits_is_not_run_and_the_table_says_so(monkeypatch):

@@ -80,7 +80,7 @@ from ..errors import ConfigError
 from ..files import atomic_write
 from ..hardware import BF16_CPU_FLAGS, cpu_features, cpu_has_bf16, cpu_name
 from ..registry import TASKS
-from ..runtime import resolve_precision
+from ..runtime import resolve_device, resolve_precision
 
 GUARDED = ("precision", "compile")   # stages whose options change the arithmetic
 BATCH_STATS = "microbatch"   # changes it too where the model normalises over the batch (batch norm)
@@ -500,10 +500,10 @@ def first_step_extra(trial: Trial) -> float:
 
 
 def own_precision(recipe: Recipe) -> str:
-    """The precision the recipe runs in on this machine: `auto` as `hasten train` resolves it
-    (bf16-mixed where the GPU or CPU has bf16 hardware, fp32 elsewhere). Choosing it changes
+    """The precision the recipe runs in on this machine: `auto` as `hasten train` resolves it on
+    the recipe's device (bf16-mixed where the GPU or CPU has bf16 hardware, fp32 elsewhere). Choosing it changes
     nothing in the recipe's arithmetic here, so the quality guard has nothing to check."""
-    return resolve_precision(recipe.trainer.precision, torch.device("cuda" if torch.cuda.is_available() else "cpu"))
+    return resolve_precision(recipe.trainer.precision, resolve_device(recipe.trainer.device))
 
 
 def _default(stage: str, recipe: Recipe) -> str:
