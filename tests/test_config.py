@@ -70,6 +70,26 @@ def test_recipe_file_with_base(tmp_path):
     assert r.name == "mine" and r.optimizer.lr == 0.002 and r.optimizer.adam.betas == [0.9, 0.99]
 
 
+def test_a_null_in_a_recipe_with_a_base_removes_what_the_base_has(tmp_path):
+    f = tmp_path / "mine.yaml"
+    f.write_text("base: cifar10-fast\nalgorithms:\n  progressive_resizing: null\n  ema:\n"
+                 "optimizer:\n  sgd: null\n")
+    r = load_recipe(str(f))
+    written = load_recipe("cifar10-fast", ["algorithms.progressive_resizing=null", "optimizer.sgd=null"])
+    assert "progressive_resizing" not in r.algorithms and "progressive_resizing" in load_recipe("cifar10-fast").algorithms
+    assert r.algorithms.pop("ema") == {}          # a null for a name the base lacks: the algorithm with its defaults
+    assert r.algorithms == written.algorithms and r.optimizer == written.optimizer
+
+
+def test_the_gpu_speedrun_recipe_is_cifar10_fast_with_the_peers_procedure():
+    gpu = load_recipe("cifar10-fast-gpu")
+    same = load_recipe("cifar10-fast", ["trainer.max_duration=8ep", "trainer.eval_interval=8ep",
+                                        "algorithms.progressive_resizing=null", "algorithms.tta.fraction=1.0",
+                                        "trainer.compile=true", "trainer.compile_mode=reduce-overhead"])
+    assert (gpu.trainer, gpu.algorithms, gpu.model, gpu.data, gpu.optimizer, gpu.schedule) == \
+        (same.trainer, same.algorithms, same.model, same.data, same.optimizer, same.schedule)
+
+
 def test_parse_override_values():
     assert parse_override("a.b=[1, 2]") == (["a", "b"], [1, 2])
     assert parse_override("a=true") == (["a"], True)

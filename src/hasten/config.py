@@ -289,6 +289,20 @@ def apply_override(raw: dict, keys: list[str], value: Any) -> None:
         node[keys[-1]] = value
 
 
+def _drop_removed(base: dict, top: dict) -> None:
+    """`NAME: null` under `algorithms` (or `sgd`/`adam`/`muon: null` under `optimizer`) in a
+    recipe with a `base:` removes what the base has by that name, as `algorithms.NAME=null`
+    does on the command line; merged instead, the null would turn the base's algorithm into
+    one with default arguments. A null for a name the base lacks is left alone (an algorithm
+    with its defaults)."""
+    for section, names in (("algorithms", None), ("optimizer", OPTIMIZER_FAMILIES)):
+        ours, theirs = top.get(section), base.get(section)
+        if not (isinstance(ours, dict) and isinstance(theirs, dict)):
+            continue
+        for key in [k for k, v in ours.items() if v is None and k in theirs and (names is None or k in names)]:
+            del ours[key], theirs[key]
+
+
 def _deep_merge(base: dict, top: dict) -> dict:
     out = dict(base)
     for k, v in top.items():
@@ -344,6 +358,7 @@ def _read_raw(name_or_path: str, seen: tuple = ()) -> tuple[dict, str]:
             raise ConfigError(f"recipe {name_or_path}: 'base' chain loops through {base}")
         base_raw, _ = _read_raw(base, seen + (name_or_path,))
         base_raw.pop("description", None)
+        _drop_removed(base_raw, raw)
         raw = _deep_merge(base_raw, raw)
     return raw, name
 
