@@ -9,7 +9,7 @@
 # against the compiled airbench94_muon peer, 3 seeds each), `eager` (uncompiled cifar10-fast
 # against the same peer runs), `peer8` (8 epochs, no resizing, against them), `peer8c` and `peer9c`
 # (compiled: the peer's procedure with all six test views; 9 epochs without resizing), `peer8g` (peer8c
-# with CUDA graphs), `graphs`
+# with CUDA graphs), `gpu` (the packaged cifar10-fast-gpu recipe against them; SEEDS=5 for 5 a side), `graphs`
 # (compiled with CUDA graphs: trainer.compile_mode=reduce-overhead), `muonloop` (compiled, Muon's
 # kernels stepped one at a time: the comparison for optimizer.muon.foreach's default), `probe`
 # (patch whitening's fit, device cold or prepared), `profile` (one step of each side under
@@ -44,7 +44,7 @@ vs_peer() {   # NAME RECIPE CAP: RECIPE against the compiled peer (its runs copi
     mkdir -p benchmarks/results/bench/$1; cp benchmarks/results/bench/$PEER/peer.jsonl benchmarks/results/bench/$1/ 2>/dev/null
   fi
   timeout $3 python3 benchmarks/cifar10_cpu_vs_peer.py --device cuda --data .data/cifar10-jpeg.zip \
-    --seeds 3 --peer-seeds 3 --recipe "$2" --name $1
+    --seeds ${SEEDS:-3} --peer-seeds ${SEEDS:-3} --recipe "$2" --name $1
   mkdir -p "$W/results"; cp -r benchmarks/results/bench/$1 benchmarks/results/$1.* "$W/results/" 2>/dev/null
 }
 
@@ -86,6 +86,9 @@ for part in "$@"; do
   peer8g) # the peer's own procedure in hasten, compiled with CUDA graphs (the step of peer8c without its host wait)
     vs_peer cifar10-fast-8ep-fulltta-graphs-vs-muon-$TAG$CALL \
       cifar10-fast+trainer.max_duration=8ep+algorithms.progressive_resizing=null+algorithms.tta.fraction=1.0+trainer.compile=true+trainer.compile_mode=reduce-overhead ${C_CAP:-150}
+    ;;
+  gpu)    # the packaged GPU speedrun recipe (cifar10-fast-gpu: the peer's procedure in hasten, CUDA graphs)
+    vs_peer cifar10-fast-gpu-vs-muon-$TAG$CALL cifar10-fast-gpu ${C_CAP:-200}
     ;;
   graphs) # compiled with CUDA graphs (trainer.compile_mode=reduce-overhead) against the same peer runs
     vs_peer cifar10-fast-graphs-vs-muon-$TAG$CALL cifar10-fast+trainer.compile=true+trainer.compile_mode=reduce-overhead ${C_CAP:-150}
