@@ -20,14 +20,15 @@ extra time is reported as compilation), then enough steps for at least a few sec
 measurement; the options of a stage alternate over rounds (A B A B ...) so that drift does
 not favour one. A stage's throughput is samples per second from the median step time, with a
 95% bootstrap interval over the measured steps; a crash, an out-of-memory or a refusal is
-recorded with its reason. An option is taken only when it beats the incumbent (the simpler
-setting, which otherwise stays) three ways: its interval's lower end clears the incumbent's
+recorded with its reason. An option is taken only when it beats the incumbent (the recipe's
+own setting, which otherwise stays) three ways: its interval's lower end clears the incumbent's
 median; it is faster in every round, so one quiet spell cannot carry it; and the recipe's
 whole run is projected at least `--min-gain` (default 5%) shorter, counting the option's
 one-time cost (the first step's extra time: compilation) against the steps it saves. On a
 shared machine gains under a few percent are inside run-to-run drift; they are not handed
 over. The tuned recipe then runs against the recipe as written, interleaved; unless it clears
-the same bar, the tune hands over the recipe as written and says so.
+the same bar against that run and against the recipe as written measured when the search
+began, the tune hands over the recipe as written and says so.
 
 Quality guard: an option that changes the arithmetic (precision, compilation; micro-batches
 where the model has batch norm, whose statistics then come from each micro-batch) must keep
@@ -79,6 +80,7 @@ from ..data.download import data_root
 from ..errors import ConfigError
 from ..files import atomic_write
 from ..hardware import BF16_CPU_FLAGS, cpu_features, cpu_has_bf16, cpu_name
+from ..provenance import code_version, describe
 from ..registry import TASKS
 from ..runtime import resolve_device, resolve_precision
 
@@ -173,8 +175,8 @@ def stages(recipe: Recipe) -> list[tuple[str, list[Option], str]]:
         out.append(("loader", [], "the task has one data path"))
     cores = os.cpu_count() or 1
     if not cuda and cores > 1:
-        out.append(("threads", [Option("threads", f"{cores} threads", [f"trainer.threads={cores}"]),
-                                Option("threads", f"{cores - 1} threads", [f"trainer.threads={cores - 1}"])], ""))
+        counts = [cores, cores - 1] + ([t.threads] if t.threads and t.threads not in (cores, cores - 1) else [])
+        out.append(("threads", [Option("threads", f"{n} threads", [f"trainer.threads={n}"]) for n in counts], ""))
         out.append(("host_allocator", [Option("host_allocator", "glibc default", ["trainer.host_allocator=default"]),
                                        Option("host_allocator", "tuned", ["trainer.host_allocator=tuned"])], ""))
     else:
@@ -183,7 +185,34 @@ def stages(recipe: Recipe) -> list[tuple[str, list[Option], str]]:
     sizes = [m for m in (b // 2, b // 4) if m >= 1]
     out.append(("microbatch", [Option("microbatch", f"whole batch ({b})", ["trainer.microbatch=null"])]
                 + [Option("microbatch", f"micro-batches of {m}", [f"trainer.microbatch={m}"]) for m in sizes], ""))
-    return out
+    # each stage's first option is its incumbent, which stays unless another beats it: the
+    # recipe's own setting where it is among the options, so that nothing is handed over that
+    # did not beat what the recipe does (hasten's tuned allocator, a compiled recipe...)
+    return [(name, sorted(options, key=lambda o: o.label != own_setting(name, recipe)), why)
+            for name, options, why in out]
+
+
+def own_setting(stage: str, recipe: Recipe) -> str:
+    """The label of the option that is the recipe's own setting for `stage` on this machine
+    ('' where no option of the stage is)."""
+    t, d = recipe.trainer, recipe.data
+    cores = os.cpu_count() or 1
+    if stage == "precision":
+        return own_precision(recipe)
+    if stage == "channels_last":
+        return "channels-last" if "channels_last" in recipe.algorithms else "contiguous"
+    if stage == "compile":
+        return ("eager" if not t.compile else
+                "reduce-overhead" if t.compile_mode == "reduce-overhead" else "compiled")
+    if stage == "loader":
+        return "device" if getattr(d, "loader", None) == "device" else f"dataloader x{max(1, cores - 1)}"
+    if stage == "threads":
+        return f"{t.threads or cores} threads"
+    if stage == "host_allocator":   # auto: tuned for a CPU run, which is where this stage is searched
+        return "glibc default" if t.host_allocator == "default" else "tuned"
+    if stage == "microbatch":
+        return _default(stage, recipe)
+    return ""
 
 
 class Tuner:
@@ -343,7 +372,7 @@ class Tuner:
                 final = [written, written]
         tuned_tp, written_tp = throughput(final[0], batch), throughput(final[1], batch) or base_tp
         handed, run_steps = fixed, self.run_steps(final)
-        if fixed and not self._beats(final[0], tuned_tp, final[1], written_tp, run_steps):
+        if fixed and not self._hand_over(final[0], final[1], written, run_steps):
             handed = []   # not clearly faster than the recipe as written: that is what is handed over
             decisions = {k: f"{v} (not handed over: the tuned recipe did not beat the recipe as written by "
                             f"{self.min_gain:.0%})" for k, v in decisions.items()}
@@ -354,7 +383,7 @@ class Tuner:
                 "speedup": (tuned_tp["samples_per_s"] / written_tp["samples_per_s"]) if tuned_tp and written_tp else None,
                 "budget_s": self.budget_s, "spent_s": time.perf_counter() - self.t0,
                 "spent_by": {k: round(v, 1) for k, v in self.spent_by.items()}, "shortened": self.shortened,
-                "date": time.strftime("%Y-%m-%d %H:%M")}
+                "date": time.strftime("%Y-%m-%d %H:%M"), "code": code_version()}
 
     @contextlib.contextmanager
     def _clock(self, part: str):
@@ -398,9 +427,18 @@ class Tuner:
         run_inc = n * inc_tp["step_s"] + (first_step_extra(inc) if steps else 0.0)
         return run_inc >= run * (1 + self.min_gain)
 
+    def _hand_over(self, tuned: Trial, written_now: Trial, written_first: Trial, steps: float | None) -> bool:
+        """Whether the tuned settings are handed over: they must beat the recipe as written in
+        the final check (interleaved with it) and also as it was measured when the search began.
+        A slow spell that falls on the final check's as-written trials alone cannot then pass a
+        gain inside the machine's drift as a win."""
+        batch = self.recipe.data.batch_size
+        return all(self._beats(tuned, throughput(tuned, batch), w, throughput(w, batch), steps)
+                   for w in (written_now, written_first))
+
     def _choose(self, trials: list[Trial], rows: list[dict], steps: float | None = None) -> Trial:
-        """The first option (the simplest) unless another beats it (`_beats`); then the best of
-        those that beat it, each next one beating the last."""
+        """The first option (the incumbent: the recipe's own setting) unless another beats it
+        (`_beats`); then the best of those that beat it, each next one beating the last."""
         best, best_tp = trials[0], rows[0]["throughput"]
         for tr, row in zip(trials[1:], rows[1:]):
             if row["miss"]:
@@ -535,7 +573,8 @@ def render(result: dict) -> str:
              + (", bf16 capped off (oneDNN emulates it in this process)"
                 if m.get("bf16_hardware") is False and BF16_CPU_FLAGS & set(m["flags"]) else "")
              + (f", {m['gpu']}" if m.get("gpu") else "") + f", torch {m['torch']}; measured {result['date']}, "
-             f"{result['spent_s'] / 60:.1f} of {result['budget_s'] / 60:.0f} minutes.", "",
+             f"{result['spent_s'] / 60:.1f} of {result['budget_s'] / 60:.0f} minutes."
+             + (f" Code: {describe(result['code'])}." if result.get("code") else ""), "",
              "| stage | option | samples/s [95% interval] | first-step extra s | chosen | miss |",
              "|---|---|---|---|---|---|"]
     for r in result["table"]:

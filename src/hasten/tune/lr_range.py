@@ -17,6 +17,7 @@ from pathlib import Path
 from ..build import build_run
 from ..config import load_recipe
 from ..core import Algorithm
+from ..provenance import code_version
 
 
 class RangeTest(Algorithm):
@@ -92,7 +93,8 @@ def lr_range_test(recipe_arg: str, overrides: list[str], steps: int = 200, start
     factor = suggest(test.factors, test.losses)
     result = {"recipe": recipe.name, "factors": test.factors, "losses": test.losses, "suggested_factor": factor,
               "lrs": [{"optimizer": o, "group": g, "recipe": lr, "suggested": lr * factor if factor else None}
-                      for o, g, lr in base], "steps_run": len(test.losses), "start": start, "end": end}
+                      for o, g, lr in base], "steps_run": len(test.losses), "start": start, "end": end,
+              "code": code_version()}
     out = Path(out) if out else Path("tune-results") / recipe.name
     out.mkdir(parents=True, exist_ok=True)
     (out / "lr.json").write_text(json.dumps(result, indent=2))
