@@ -239,6 +239,8 @@ def test_a_damaged_cache_is_rebuilt(tmp_path):
     (["--budget", "ten"], ["--budget ten", "e.g. 10m"]),
     (["--min-gain", "150%"], ["--min-gain 150%", "5%"]),
     (["--min-gain", "lots"], ["--min-gain lots", "0.05"]),
+    (["--budget", "-5m"], ["--budget -5m", "e.g. 10m"]),      # a negative value is the option's, not a flag
+    (["--min-gain", "-5%"], ["--min-gain -5%", "5%"]),
 ])
 def test_tune_options_out_of_range_get_one_line(capsys, args, needles):
     _one_line_error(capsys, main(["tune", str(TINY), *args]), 2, *needles)
@@ -251,3 +253,11 @@ def test_a_missing_argument_names_only_what_is_required(capsys, command, named):
         main([command])
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert e.value.code == 2 and err.endswith(f"the following arguments are required: {named}"), err
+
+
+@pytest.mark.parametrize("args, needles", [
+    (["--eval-every", "-5sp"], ["--eval-every", "-5sp", "cannot read"]),
+    (["--cap", "-5"], ["--cap -5.0", "positive"]),
+])
+def test_a_negative_bench_quantity_gets_the_options_own_one_line_error(capsys, args, needles):
+    _one_line_error(capsys, main(["bench", str(TINY), *args]), 2, *needles)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shlex
 import signal
 import subprocess
@@ -538,9 +539,26 @@ def _one_line(e: BaseException) -> str:
     return " ".join(str(e).split())
 
 
+# options whose value is a quantity: a negative one ('--budget -5m') is passed to the option, whose
+# own check then names the problem, instead of argparse taking it for an unknown flag
+QUANTITY_OPTIONS = ("--budget", "--min-gain", "--eval-every", "--cap")
+
+
+def _attach_negative_values(argv: list[str]) -> list[str]:
+    out, i = [], 0
+    while i < len(argv):
+        if argv[i] in QUANTITY_OPTIONS and i + 1 < len(argv) and re.fullmatch(r"-\.?\d[\w.%]*", argv[i + 1]):
+            out.append(f"{argv[i]}={argv[i + 1]}")
+            i += 2
+        else:
+            out.append(argv[i])
+            i += 1
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = make_parser()
-    argv = list(sys.argv[1:] if argv is None else argv)
+    argv = _attach_negative_values(list(sys.argv[1:] if argv is None else argv))
     # options may come between positionals ('bench a --ladder b key=value'), as in most CLIs
     args, rest = parser.parse_known_args(argv)
     extra = "items" if getattr(args, "items", None) is not None else "overrides"
