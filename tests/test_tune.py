@@ -464,3 +464,50 @@ def test_the_trial_worker_reports_whether_the_model_has_batch_norm(tmp_path):
         out = json.loads((tmp_path / "out.json").read_text())
         assert out["status"] == "ok", out
         assert out["batch_norm"] is expect
+
+
+def test_a_profiled_trial_says_where_its_step_time_went(tmp_path):
+    from hasten.tune import worker
+    spec = {"label": "p", "recipe": str(TINY), "overrides": [], "seed": 0, "run_dir": str(tmp_path / "run"),
+            "warmup": 2, "steps": 5, "min_seconds": 0.0, "max_steps": 8, "profile": 4}
+    (tmp_path / "spec.json").write_text(json.dumps(spec))
+    assert worker.main(str(tmp_path / "spec.json"), str(tmp_path / "out.json")) == 0
+    out = json.loads((tmp_path / "out.json").read_text())
+    assert out["status"] == "ok", out
+    prof = out["profile"]
+    assert prof["steps"] >= 4 and prof["ms"]["forward"] > 0 and prof["ms"]["backward"] > 0
+    assert sum(prof["ms"].values()) == pytest.approx(prof["step_ms"], rel=1e-6)   # the phases make up the step
+
+
+def test_why_a_winner_won_profiles_the_recipes_setting_against_it(monkeypatch):
+    """Only the stages whose choice is not the recipe's own are profiled, each pair on top of
+    the other chosen settings; the report names the step time and the phases that moved most."""
+    tuner = Tuner.__new__(Tuner)
+    tuner.warmup, tuner.profile_steps = 3, 10
+    monkeypatch.setattr(Tuner, "trial_cost", lambda self: 5.0)
+    monkeypatch.setattr(Tuner, "left_s", lambda self: 100.0)
+    asked = []
+
+    def fake(self, overrides, label, **kw):
+        asked.append((overrides, kw["profile"]))
+        slow = "algorithms.channels_last=null" in overrides
+        return {"status": "ok", "profile": {"steps": 10, "step_ms": 90.0 if slow else 60.0,
+                                            "ms": {"data": 1.0, "forward": 30.0 if slow else 20.0,
+                                                   "backward": 55.0 if slow else 35.0, "optimizer": 4.0, "other": 0.0}}}
+    monkeypatch.setattr(Tuner, "run_trial", fake)
+    fixed = ["algorithms.channels_last={}", "trainer.threads=2"]
+    table = [{"stage": "channels_last", "option": "contiguous", "overrides": ["algorithms.channels_last=null"], "chosen": False},
+             {"stage": "channels_last", "option": "channels-last", "overrides": ["algorithms.channels_last={}"], "chosen": True},
+             {"stage": "threads", "option": "2 threads", "overrides": ["trainer.threads=2"], "chosen": True},
+             {"stage": "threads", "option": "1 threads", "overrides": ["trainer.threads=1"], "chosen": False}]
+    progress = type("P", (), {"update": lambda *a, **k: None})()
+    why = tuner._explain(fixed, table, progress, None)
+    assert asked == [(fixed + ["algorithms.channels_last=null"], 10), (fixed + ["algorithms.channels_last={}"], 10)]
+    (st,) = why["stages"]
+    assert st["stage"] == "channels_last" and st["step_ms"] == [90.0, 60.0]
+    (line,) = [x for x in tune_mod.explain_lines(why) if x.startswith("- ")]
+    assert line == "- channels_last: contiguous -> channels-last: step 90.0 -> 60.0; backward 55.0 -> 35.0, forward 30.0 -> 20.0"
+    monkeypatch.setattr(Tuner, "left_s", lambda self: 8.0)
+    assert tuner._explain(fixed, table, progress, None)["why"].startswith("not profiled: 1 pair(s)")
+    table[1]["chosen"], table[0]["chosen"] = False, True
+    assert tuner._explain(fixed, table, progress, None) == {"stages": [], "why": "no setting changed"}

@@ -220,12 +220,13 @@ class Tuner:
 
     def __init__(self, recipe_arg: str, overrides: list[str], budget_s: float, out: Path, console: Console,
                  rounds: int = 2, guard_steps: int = 150, min_seconds: float = 4.0, steps: int = 8, warmup: int = 3,
-                 min_gain: float = 0.05):
+                 min_gain: float = 0.05, profile_steps: int = 10):
         self.recipe_arg, self.overrides = recipe_arg, list(overrides)
         self.recipe = load_recipe(recipe_arg, overrides)
         self.budget_s, self.out, self.console = budget_s, out, console
         self.rounds, self.guard_steps = rounds, guard_steps
         self.min_seconds, self.steps, self.warmup = min_seconds, steps, warmup
+        self.profile_steps = profile_steps
         if not 0 <= min_gain < 1:
             raise ConfigError(f"--min-gain {min_gain}: give a fraction in [0, 1), e.g. 0.05 for 5%")
         self.min_gain = min_gain
@@ -237,12 +238,12 @@ class Tuner:
 
     # ------------------------------------------------------------------ trials
     def run_trial(self, overrides: list[str], label: str, seed: int = 0, max_steps: int | None = None,
-                  steps: int | None = None, min_seconds: float | None = None) -> dict:
+                  steps: int | None = None, min_seconds: float | None = None, profile: int | None = None) -> dict:
         with tempfile.TemporaryDirectory(prefix="hasten-tune-") as tmp:
             spec = {"label": label, "recipe": self.recipe_arg, "overrides": self.overrides + overrides, "seed": seed,
                     "run_dir": str(Path(tmp) / "run"), "warmup": self.warmup, "steps": steps or self.steps,
                     "min_seconds": self.min_seconds if min_seconds is None else min_seconds,
-                    "max_steps": max_steps or max(60, self.warmup + self.steps)}
+                    "max_steps": max_steps or max(60, self.warmup + self.steps), "profile": profile}
             Path(tmp, "spec.json").write_text(json.dumps(spec))
             t = time.perf_counter()
             proc = subprocess.run([sys.executable, "-m", "hasten.tune.worker", str(Path(tmp, "spec.json")),
@@ -257,7 +258,7 @@ class Tuner:
                                                                        f"{tail[0][:200]}"}
         result["warmup"], result["wall_s"] = self.warmup, wall
         times = result.get("times") or []
-        if result.get("status") == "ok" and len(times) > self.warmup:
+        if result.get("status") == "ok" and len(times) > self.warmup and not profile:   # (profiled steps run slower)
             self.trial_parts.append((max(0.0, self.spent_per_trial[-1] - sum(times)),
                                      statistics.median(times[self.warmup:])))
         return result
@@ -363,6 +364,8 @@ class Tuner:
                 decisions[name] = winner.option.label
             with self._clock("quality guard"):
                 guard = self._guard(fixed, decisions, table, progress, task)
+            with self._clock("profiles"):
+                why = self._explain(fixed, table, progress, task, reserve=final_cost)
             if fixed:
                 progress.update(task, description="the tuned recipe against the recipe as written")
                 with self._clock("final check"):
@@ -383,7 +386,7 @@ class Tuner:
                 "speedup": (tuned_tp["samples_per_s"] / written_tp["samples_per_s"]) if tuned_tp and written_tp else None,
                 "budget_s": self.budget_s, "spent_s": time.perf_counter() - self.t0,
                 "spent_by": {k: round(v, 1) for k, v in self.spent_by.items()}, "shortened": self.shortened,
-                "date": time.strftime("%Y-%m-%d %H:%M"), "code": code_version()}
+                "why": why, "date": time.strftime("%Y-%m-%d %H:%M"), "code": code_version()}
 
     @contextlib.contextmanager
     def _clock(self, part: str):
@@ -426,6 +429,42 @@ class Tuner:
         run = n * tp["step_s"] + (first_step_extra(tr) if steps else 0.0)
         run_inc = n * inc_tp["step_s"] + (first_step_extra(inc) if steps else 0.0)
         return run_inc >= run * (1 + self.min_gain)
+
+    def _explain(self, fixed: list[str], table: list[dict], progress, task, reserve: float = 0.0) -> dict:
+        """Why each change won: for every stage whose chosen option is not the recipe's own
+        setting, one profiled window (`profile_steps` steps after the warm-up) with the recipe's
+        setting and one with the winner, both on top of the other chosen settings, phase by
+        phase (data, forward, backward, optimizer...). Run only where the budget left, less
+        `reserve`, holds both windows."""
+        changed = []
+        for stage in dict.fromkeys(r["stage"] for r in table):
+            rows = [r for r in table if r["stage"] == stage]
+            chosen = next((r for r in rows if r.get("chosen")), None)
+            if chosen is not None and chosen is not rows[0]:
+                changed.append((stage, rows[0], chosen))
+        if not changed:
+            return {"stages": [], "why": "no setting changed"}
+        need = 2 * len(changed) * self.trial_cost()
+        if need > self.left_s() - reserve:
+            return {"stages": [], "why": f"not profiled: {len(changed)} pair(s) of windows need about {need:.0f} s "
+                                         f"and the budget left is {max(0.0, self.left_s() - reserve):.0f} s"}
+        progress.update(task, description="profiles: why the winners won")
+        out = []
+        for stage, own, winner in changed:
+            pair = []
+            for row in (own, winner):
+                res = self.run_trial(fixed + row["overrides"], f"profile {row['option']}", profile=self.profile_steps,
+                                     steps=self.profile_steps + 1, min_seconds=0.0,
+                                     max_steps=self.warmup + self.profile_steps + 2)
+                pair.append(res.get("profile"))
+            if all(pair):
+                out.append({"stage": stage, "from": own["option"], "to": winner["option"],
+                            "step_ms": [pair[0]["step_ms"], pair[1]["step_ms"]],
+                            "ms": {k: [pair[0]["ms"].get(k, 0.0), pair[1]["ms"].get(k, 0.0)] for k in pair[0]["ms"]}})
+            else:
+                out.append({"stage": stage, "from": own["option"], "to": winner["option"],
+                            "miss": "a profiled window did not finish"})
+        return {"stages": out, "steps": self.profile_steps}
 
     def _hand_over(self, tuned: Trial, written_now: Trial, written_first: Trial, steps: float | None) -> bool:
         """Whether the tuned settings are handed over: they must beat the recipe as written in
@@ -591,12 +630,34 @@ def render(result: dict) -> str:
         f"the last half of {g['steps']} steps {g['tuned']:.4f} against the reference's {g['reference'][0]:.4f} and "
         f"{g['reference'][1]:.4f} (tolerance {g['tolerance']:.4f})" if g.get("checked") else f"not run: {g['why']}" + (
         f"; {', '.join(g['excluded'])} kept as the recipe has it (never handed over unchecked)" if g.get("excluded") else ""))]
+    lines += explain_lines(result.get("why"))
     if result.get("spent_by"):
         lines += ["", "Where the minutes went: " + ", ".join(f"{k} {v / 60:.1f}" for k, v in result["spent_by"].items())
                   + f"; {result['spent_s'] / 60:.1f} in all, of a budget of {result['budget_s'] / 60:.0f}."]
     lines += ["", f"Tuned overrides: `{' '.join(result['tuned_overrides']) or '(none: the recipe as written)'}`", "",
               summary(result)]
     return "\n".join(lines) + "\n"
+
+
+def explain_lines(why: dict | None) -> list[str]:
+    """The report's lines on why each change won: per changed stage, the step time and the two
+    phases that moved most, from the recipe's setting to the winner."""
+    if not why:
+        return []
+    if not why.get("stages"):
+        return ["", f"Why the winners won: {why.get('why', 'not profiled')}"]
+    lines = ["", f"Why the winners won (a profiled window of {why['steps']} steps each, the recipe's setting "
+                 "against the winner, the other chosen settings in both; ms a step):"]
+    for st in why["stages"]:
+        if st.get("miss"):
+            lines.append(f"- {st['stage']}: {st['from']} -> {st['to']}: {st['miss']}")
+            continue
+        moved = sorted(((k, a, b) for k, (a, b) in st["ms"].items() if k != "other"),
+                       key=lambda x: abs(x[2] - x[1]), reverse=True)[:2]
+        (a, b) = st["step_ms"]
+        lines.append(f"- {st['stage']}: {st['from']} -> {st['to']}: step {a:.1f} -> {b:.1f}; "
+                     + ", ".join(f"{k} {x:.1f} -> {y:.1f}" for k, x, y in moved))
+    return lines
 
 
 def summary(result: dict) -> str:

@@ -1,7 +1,8 @@
 """One `hasten tune` trial, in its own process (threads, the host allocator and compilation are
 process-wide): build the recipe with the trial's overrides, train `steps` steps (at least
 `min_seconds` of them after the warm-up), and write one JSON line: every step's duration and
-training loss, the first step's extra time (compilation), or the reason it failed.
+training loss, the first step's extra time (compilation), or the reason it failed; with
+`profile` in the spec, also where a profiled window's step time went, phase by phase.
 
     python -m hasten.tune.worker SPEC.json OUT.json
 """
@@ -15,6 +16,7 @@ import traceback
 import torch
 
 from ..build import build_run
+from ..callbacks.profile import Profile
 from ..config import load_recipe
 from ..core import Callback
 from ..distributed.world import leave_worker
@@ -60,6 +62,10 @@ def main(spec_path: str, out_path: str) -> int:
         run.trainer.eval_dataloader = None   # throughput only: no evaluation in a trial
         timer = StepTimes(spec["warmup"], spec["steps"], spec["min_seconds"], spec["max_steps"])
         run.trainer.add_callbacks(timer)
+        profile = None
+        if spec.get("profile"):   # a profiled window after the warm-up: where each step's time goes
+            profile = Profile(steps=spec["profile"], warmup=spec["warmup"], print_table=False)
+            run.trainer.add_callbacks(profile)
         t0 = time.perf_counter()
         run.trainer.fit(summary=False)
         run.close(discard=False)
@@ -69,6 +75,10 @@ def main(spec_path: str, out_path: str) -> int:
                       steps_per_epoch=run.trainer.state.steps_per_epoch,
                       batch_norm=has_batch_norm(run.trainer.state.model),
                       tokens_per_step=(ts.token / ts.batch) if (ts := run.trainer.state.timestamp).batch else None)
+        if profile is not None and profile.result is not None:
+            r = profile.result
+            result["profile"] = {"steps": r["steps"], "step_ms": 1000 * r["step_s"],
+                                 "ms": {k: 1000 * v / r["steps"] for k, v in r["seconds"].items()}}
     except torch.OutOfMemoryError as e:
         result.update(status="out of memory", reason=first_line(e))
     except HastenError as e:
