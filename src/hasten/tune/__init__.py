@@ -47,6 +47,10 @@ The budget holds: a stage that does not fit is skipped; a round after a stage's 
 when it fits, costed at what the same trials took in the round before; the report says what
 was skipped or cut short, and where the minutes went.
 
+Why each change won: every stage whose choice is not the recipe's own setting gets two
+profiled windows (the recipe's setting, the winner), and the report names the phases that
+moved (data, forward, backward, optimizer...).
+
 Output (`--out`, default tune-results/RECIPE): `tune.md` (the table and the one-line
 summary), `tune.json`, `tune.png` (throughput per option with intervals), `tuned.yaml` (the
 recipe as `base:` plus the winning overrides, which `hasten train` runs as it is). The result
