@@ -67,9 +67,8 @@ def glibc_env() -> dict:
 def hasten_malloc() -> dict:
     """The four allocator settings `hasten train` applies on a CPU, as MALLOC_* variables for a
     child process that is not hasten's."""
-    from hasten.allocator import MMAP_MAX, MMAP_THRESHOLD, TOP_PAD, TRIM_THRESHOLD
-    return {"MALLOC_MMAP_THRESHOLD_": str(MMAP_THRESHOLD), "MALLOC_TRIM_THRESHOLD_": str(TRIM_THRESHOLD),
-            "MALLOC_TOP_PAD_": str(TOP_PAD), "MALLOC_MMAP_MAX_": str(MMAP_MAX)}
+    from hasten.allocator import ENV_VARS, MMAP_MAX, MMAP_THRESHOLD, TOP_PAD, TRIM_THRESHOLD
+    return dict(zip(ENV_VARS, map(str, (MMAP_THRESHOLD, TRIM_THRESHOLD, TOP_PAD, MMAP_MAX))))
 
 
 def mean_sd(xs, digits: int) -> str:

@@ -282,11 +282,16 @@ def apply_override(raw: dict, keys: list[str], value: Any) -> None:
         if not isinstance(nxt, dict):
             raise ConfigError(f"override {'.'.join(keys)}: {'.'.join(keys[:i + 1])} is not a section")
         node = nxt
-    if value is None and len(keys) == 2 and (keys[0] == "algorithms" or
-                                             keys[0] == "optimizer" and keys[1] in OPTIMIZER_FAMILIES):
+    if value is None and len(keys) == 2 and _removable(*keys):
         node.pop(keys[-1], None)     # algorithms.NAME=null removes an algorithm, optimizer.sgd=null a sub-section
     else:
         node[keys[-1]] = value
+
+
+def _removable(section: str, key: str) -> bool:
+    """Whether `section.key: null` removes the entry (an algorithm, an optimizer's sub-section)
+    instead of setting the value None: on the command line and in a recipe with a `base:`."""
+    return section == "algorithms" or section == "optimizer" and key in OPTIMIZER_FAMILIES
 
 
 def _drop_removed(base: dict, top: dict) -> None:
@@ -295,11 +300,11 @@ def _drop_removed(base: dict, top: dict) -> None:
     does on the command line; merged instead, the null would turn the base's algorithm into
     one with default arguments. A null for a name the base lacks is left alone (an algorithm
     with its defaults)."""
-    for section, names in (("algorithms", None), ("optimizer", OPTIMIZER_FAMILIES)):
+    for section in ("algorithms", "optimizer"):
         ours, theirs = top.get(section), base.get(section)
         if not (isinstance(ours, dict) and isinstance(theirs, dict)):
             continue
-        for key in [k for k, v in ours.items() if v is None and k in theirs and (names is None or k in names)]:
+        for key in [k for k, v in ours.items() if v is None and k in theirs and _removable(section, k)]:
             del ours[key], theirs[key]
 
 

@@ -170,7 +170,7 @@ def stages(recipe: Recipe) -> list[tuple[str, list[Option], str]]:
         comp.append(Option("compile", "reduce-overhead", ["trainer.compile=true", "trainer.compile_mode=reduce-overhead"]))
     out.append(("compile", comp, ""))
     if hasattr(d, "loader"):
-        workers = max(1, (os.cpu_count() or 2) - 1)
+        workers = _loader_workers()
         out.append(("loader", [Option("loader", "device", ["data.loader=device"]),
                                Option("loader", f"dataloader x{workers}", ["data.loader=dataloader",
                                                                           f"data.num_workers={workers}",
@@ -192,15 +192,19 @@ def stages(recipe: Recipe) -> list[tuple[str, list[Option], str]]:
     # each stage's first option is its incumbent, which stays unless another beats it: the
     # recipe's own setting where it is among the options, so that nothing is handed over that
     # did not beat what the recipe does (hasten's tuned allocator, a compiled recipe...)
-    return [(name, sorted(options, key=lambda o: o.label != own_setting(name, recipe)), why)
-            for name, options, why in out]
+    owns = {name: own_setting(name, recipe) for name, _, _ in out}
+    return [(name, sorted(options, key=lambda o: o.label != owns[name]), why) for name, options, why in out]
+
+
+def _loader_workers() -> int:
+    """The worker count of the loader stage's DataLoader option: every core but the trainer's."""
+    return max(1, (os.cpu_count() or 2) - 1)
 
 
 def own_setting(stage: str, recipe: Recipe) -> str:
     """The label of the option that is the recipe's own setting for `stage` on this machine
     ('' where no option of the stage is)."""
     t, d = recipe.trainer, recipe.data
-    cores = os.cpu_count() or 1
     if stage == "precision":
         return own_precision(recipe)
     if stage == "channels_last":
@@ -209,9 +213,9 @@ def own_setting(stage: str, recipe: Recipe) -> str:
         return ("eager" if not t.compile else
                 "reduce-overhead" if t.compile_mode == "reduce-overhead" else "compiled")
     if stage == "loader":
-        return "device" if getattr(d, "loader", None) == "device" else f"dataloader x{max(1, cores - 1)}"
+        return "device" if getattr(d, "loader", None) == "device" else f"dataloader x{_loader_workers()}"
     if stage == "threads":
-        return f"{t.threads or cores} threads"
+        return f"{t.threads or os.cpu_count() or 1} threads"
     if stage == "host_allocator":   # auto: tuned for a CPU run, which is where this stage is searched
         return "glibc default" if t.host_allocator == "default" else "tuned"
     if stage == "microbatch":
