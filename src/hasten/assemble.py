@@ -60,6 +60,7 @@ class StepOptions:
     microbatch: "int | str | None" = None      # samples per micro-batch, or 'auto' (hasten.microbatch)
     memory_limit: "int | str | None" = None    # activation bytes a micro-batch may save (CPU out of memory)
     activation_checkpointing: bool = False     # recompute each block's activations in the backward pass
+    compile_optimizer: "bool | dict" = False   # torch.compile each optimizer's step (a dict: its keyword arguments)
 
     def __post_init__(self):
         if not isinstance(self.grad_accum, int) or self.grad_accum < 1:
@@ -69,6 +70,9 @@ class StepOptions:
             raise ValueError(f"give grad_accum ({self.grad_accum}) or microbatch ({self.microbatch!r}), not both: "
                              "microbatch sets the accumulation from the batch size")
         parse_bytes(self.memory_limit)
+        if not isinstance(self.compile_optimizer, (bool, dict)):
+            raise TypeError(f"compile_optimizer={self.compile_optimizer!r}: give True, False, or a dict of "
+                            "torch.compile's arguments")
         if not isinstance(self.compile, (bool, dict)):
             raise TypeError(f"compile={self.compile!r}: give True, False, or a dict of torch.compile's arguments, "
                             "e.g. compile={'mode': 'max-autotune'}")
@@ -163,6 +167,12 @@ def assemble(model: "torch.nn.Module | Callable[[], torch.nn.Module]", runtime: 
     if state.microbatch_auto and world.sharded:
         raise ValueError("microbatch='auto' under parallelism 'fsdp' is not supported yet (a sharded step cannot "
                          "be redone on one rank); give a micro-batch size")
+    if step.compile_optimizer and world.sharded:
+        raise ValueError("compile_optimizer under parallelism 'fsdp' is not supported yet (sharded parameters): "
+                         "drop one of the two")
+    if step.compile_optimizer and runtime.precision == "fp16-mixed":
+        raise ValueError("compile_optimizer with fp16-mixed is not supported (its loss scaler steps the optimizers "
+                         "itself): use bf16-mixed, or drop compile_optimizer")
     if state.max_duration.unit == TimeUnit.DURATION:
         raise ValueError("max_duration cannot be a fraction ('dur'); use ep, ba, sp, tok or s/m/h")
     logger = LogHub(loggers)

@@ -34,16 +34,22 @@ from .tasks.base import Built
 from .trainer import Trainer
 
 
-def build_optimizer(cfg: OptimizerConfig, model: torch.nn.Module, runtime: Runtime, batch_size: int | None = None):
-    """The recipe's optimizer(s) for `model`; Muon's Newton-Schulz precision follows the runtime's."""
+def build_optimizer(cfg: OptimizerConfig, model: torch.nn.Module, runtime: Runtime, batch_size: int | None = None,
+                    compiled: bool = False):
+    """The recipe's optimizer(s) for `model`; Muon's Newton-Schulz precision follows the runtime's.
+    `compiled` (trainer.compile_optimizer): torch.compile does not trace fused optimizers, so
+    AdamW and SGD take their foreach form, which the compiled step fuses itself."""
     sgd, adam, mu = cfg.sgd, cfg.adam, cfg.muon
     if sgd.per_example and cfg.name != "sgdw":
         raise ValueError(f"optimizer.sgd.per_example applies to sgdw only, not {cfg.name!r}")
-    fused = cfg.fused if cfg.fused is not None else runtime.device.type in ("cpu", "cuda")
+    if compiled and cfg.fused:
+        raise ConfigError("optimizer.fused=true with trainer.compile_optimizer: torch.compile does not trace fused "
+                          "optimizers (their step stays torch's own kernel); drop optimizer.fused")
+    fused = cfg.fused if cfg.fused is not None else runtime.device.type in ("cpu", "cuda") and not compiled
     if cfg.name == "muon" and mu.others == "adamw":
         return muon_optimizers(model, muon_lr=mu.lr, muon_momentum=mu.momentum,
                                muon_weight_decay=mu.weight_decay, adam_lr=cfg.lr, adam_betas=adam.betas,
-                               adam_weight_decay=cfg.weight_decay, adjust_lr_fn=mu.adjust_lr, fused=cfg.fused,
+                               adam_weight_decay=cfg.weight_decay, adjust_lr_fn=mu.adjust_lr, fused=fused,
                                ns_steps=mu.ns_steps, normalize_weights=mu.normalize,
                                ns_dtype=mu.ns_dtype, precision=runtime.precision, foreach=mu.foreach)
     if cfg.name == "muon":   # Muon for the hidden matrices and kernels, SGD with the group rules for the rest
@@ -314,7 +320,8 @@ def _trainer(recipe: Recipe, built: Built, algorithms: list, run_dir: Path, runt
     try:
         return Trainer.from_parts(assemble(
             built.model, runtime, train_dataloader=built.train_dataloader, eval_dataloader=built.eval_dataloader,
-            optimizers=lambda model: build_optimizer(recipe.optimizer, model, runtime, recipe.data.batch_size),
+            optimizers=lambda model: build_optimizer(recipe.optimizer, model, runtime, recipe.data.batch_size,
+                                                     compiled=recipe.trainer.compile_optimizer),
             schedulers=[schedule], loss_fn=built.loss_fn, metrics=built.metrics, algorithms=algorithms,
             callbacks=callbacks, loggers=loggers, durations=_options(Durations, t), step=_step_options(t),
             checkpoints=CheckpointOptions(load_path=t.load_path, autoresume=t.autoresume, io=io,

@@ -51,6 +51,8 @@ class TrainerConfig:
     """Run the forward pass under torch.compile."""
     compile_mode: Optional[Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"]] = None
     """torch.compile's mode, with compile: true (reduce-overhead and max-autotune capture CUDA graphs on a GPU: fewer launches a step); default: torch's."""
+    compile_optimizer: bool = False
+    """Run each optimizer's step under torch.compile, learning rates held as tensors so schedules do not recompile it (fewer launches and less host time a step on a GPU; see docs/trainer.md)."""
     grad_accum: int = setting(1, ge=1)
     """Split each batch into this many micro-batches (the same step as one large batch)."""
     microbatch: Union[int, Literal["auto"], None] = None

@@ -31,6 +31,7 @@ from .distributed.world import all_sum
 from .errors import CheckpointError, TrainingError
 from .loss import IGNORE_INDEX, checked_loss, default_loss, logits_of, loss_fault  # noqa: F401  (loss_fault: re-exported)
 from .microbatch import ActivationBudget, StepSnapshot, average_gradients, halved, micro_count, parse_bytes
+from .optim.compiled import compile_steps, hold_lrs
 from .runtime import PRECISIONS, Runtime  # noqa: F401  (PRECISIONS: re-exported)
 
 # Events as module constants: looking members up on an Enum class is slow in Python 3.11.
@@ -83,6 +84,9 @@ class Trainer:
         (e.g. '512MB'); more is out of memory, as on a GPU (what microbatch='auto' reacts to).
     activation_checkpointing: recompute each block's activations in the backward pass instead of
         keeping them (less memory, about one more forward of time), with or without FSDP.
+    compile_optimizer: run each optimizer's step under torch.compile (a dict: its keyword
+        arguments); learning rates are then held as tensors on the parameters' device, which
+        the schedules write in place, so the step compiles once (hasten.optim.compiled).
 
     The keywords are grouped (hasten.assemble: Durations, StepOptions, CheckpointOptions,
     ParallelOptions) and handed to `hasten.assemble.assemble`, the one place a run is put
@@ -101,9 +105,10 @@ class Trainer:
                  count_tokens: Callable = token_count, checkpoint_io=None, host_allocator: str | None = None,
                  runtime: Runtime | None = None, sync_batchnorm: bool = False, fsdp: "dict | None" = None,
                  quality: "tuple[str, str] | None" = None, microbatch: "int | str | None" = None,
-                 memory_limit: "int | str | None" = None, activation_checkpointing: bool = False):
+                 memory_limit: "int | str | None" = None, activation_checkpointing: bool = False,
+                 compile_optimizer: "bool | dict" = False):
         step = StepOptions(grad_accum, grad_clip_norm, compile, batch_fn, count_tokens, microbatch,
-                           memory_limit, activation_checkpointing)   # checks grad_accum first
+                           memory_limit, activation_checkpointing, compile_optimizer)   # checks grad_accum first
         self._adopt(assemble(
             model, runtime_for(runtime, device=device, precision=precision, seed=seed, host_allocator=host_allocator),
             train_dataloader=train_dataloader, eval_dataloader=eval_dataloader, optimizers=optimizers,
@@ -134,6 +139,7 @@ class Trainer:
         self._count_targets, self._step_loss = False, None   # set for each fit (_prepare_step)
         self._budget = parse_bytes(parts.step.memory_limit)   # trainer.memory_limit: activation bytes a micro-batch may save
         self._compiled = bool(parts.step.compile)
+        self._compile_optimizer = parts.step.compile_optimizer
         # CUDA graphs (compile modes reduce-overhead, max-autotune on a GPU): the step marks its
         # start (_prepare_step), so the last step's graph outputs may be overwritten
         self._graph_steps = captures_cuda_graphs(parts.step.compile, self.device)
@@ -276,6 +282,15 @@ class Trainer:
         # what the step calls for its loss (checked: a failing or non-tensor loss is a one-line error)
         self._step_loss = functools.partial(default_loss, reduction="mean") if fused_mean else train_loss
         self._autocast_ctx = self.runtime.autocast()   # one context for every step (fp32: a shared no-op)
+        # each optimizer's step: compiled, its learning rates held as tensors the schedules fill in
+        # place; else eager, learning rates as floats (a compiled run's checkpoint resumes either way)
+        if self._compile_optimizer:
+            kwargs = self._compile_optimizer if isinstance(self._compile_optimizer, dict) else {}
+            # the steps compile in the first training step (the harness's warm-up); graphs after it count
+            self._optimizer_steps = compile_steps(state.optimizers, **kwargs) + [self._optimizers_compiled]
+        else:
+            hold_lrs(state.optimizers, as_tensors=False)
+            self._optimizer_steps = [opt.step for opt in state.optimizers]
         self._share = RankShare(loader, self.world) if self.world.size > 1 else None
         self._progress_schedules = [s for s in state.schedulers if hasattr(s, "apply")]
         self._batch_schedulers = [s for s in state.schedulers if not hasattr(s, "apply")]
@@ -287,6 +302,7 @@ class Trainer:
         state, fire, on, perf_counter = self.state, self.engine.run, self.engine.active, time.perf_counter
         on_cpu, device, batch_fn, count_tokens = self._on_cpu, self.device, self.batch_fn, self.count_tokens
         optimizers, scaler, advance, step = state.optimizers, state.scaler, state.timestamp.advance, self._step
+        optimizer_steps = self._optimizer_steps
         progress_schedules, batch_schedulers, shared = self._progress_schedules, self._batch_schedulers, self._share
         while True:
             if BEFORE_DATALOADER in on: fire(BEFORE_DATALOADER)                        # noqa: E701
@@ -319,8 +335,8 @@ class Trainer:
             step(state)                                                # forward, loss, reduce, backward
             if BEFORE_OPTIM_STEP in on: fire(BEFORE_OPTIM_STEP)        # noqa: E701  gradient clipping here
             if scaler is None:
-                for opt in optimizers:
-                    opt.step()
+                for optimizer_step in optimizer_steps:                 # (compiled with compile_optimizer)
+                    optimizer_step()
             else:
                 for opt in optimizers:
                     scaler.step(opt)
@@ -382,6 +398,12 @@ class Trainer:
             if AFTER_BACKWARD in on: fire(AFTER_BACKWARD)                              # noqa: E701
         if by_size and len(state.step_losses) - n_losses > 1:   # one entry per step when k varies from step to step
             state.step_losses[n_losses:] = [torch.stack(state.step_losses[n_losses:]).sum()]
+
+    def _optimizers_compiled(self) -> None:
+        """Run once after the first compiled optimizer steps: graphs compiled from here on are
+        counted (`compile/graphs_after_warmup`), then it takes itself off the list."""
+        self._graphs_after_warmup = compiled_graphs()
+        self._optimizer_steps.remove(self._optimizers_compiled)
 
     def _warm_up_compiled(self, loaded) -> None:
         """A compiled run, before its first step: one step on every form the batch as loaded will

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from ..core import Callback
+from ..optim.compiled import lr_value
 
 
 class LRMonitor(Callback):
@@ -11,4 +12,4 @@ class LRMonitor(Callback):
         for i, opt in enumerate(state.optimizers):
             for j, g in enumerate(opt.param_groups):
                 name = g.get("name", f"group{j}")
-                logger.log({f"lr/opt{i}/{name}": g["lr"]})
+                logger.log({f"lr/opt{i}/{name}": lr_value(g)})

@@ -51,7 +51,7 @@ def restore(state, payload: dict, strict: bool = True, hyperparameters: str = "c
         for opt, groups in zip(state.optimizers, built):
             for group, settings in zip(opt.param_groups, groups):
                 group.update(settings)
-                group["initial_lr"] = settings.get("initial_lr", settings["lr"])
+                group["initial_lr"] = float(settings.get("initial_lr", settings["lr"]))
     return restore_rest(state, payload, meta)
 
 

@@ -174,7 +174,8 @@ class State:
         return self.optimizers[0] if self.optimizers else None
 
     def lr(self) -> float:
-        return self.optimizers[0].param_groups[0]["lr"] if self.optimizers else float("nan")
+        lr = self.optimizers[0].param_groups[0]["lr"] if self.optimizers else float("nan")
+        return float(lr.item()) if isinstance(lr, torch.Tensor) else lr
 
 
 class NonFiniteLossError(HastenError, RuntimeError):

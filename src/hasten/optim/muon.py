@@ -112,6 +112,15 @@ def _lr_ratio(adjust_lr_fn: str | None, rows: int, cols: int) -> float:
     raise ValueError(f"adjust_lr_fn must be None, 'original' or 'match_rms_adamw', got {adjust_lr_fn!r}")
 
 
+def _descend(p: torch.Tensor, update: torch.Tensor, lr, ratio: float) -> None:
+    """p -= lr * ratio * update, with lr a float or a 0-dim tensor (held as a tensor for compiled
+    steps: read on the device, never turned into a Python number)."""
+    if isinstance(lr, torch.Tensor):
+        p.addcmul_(update, lr, value=-ratio)
+    else:
+        p.add_(update, alpha=-lr * ratio)
+
+
 def _matrix(t: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     """A (dim 0, rest) matrix of `t` with columns ordered as `like`'s memory: a view when the
     layouts agree (contiguous or channels-last), so updates write through."""
@@ -181,7 +190,11 @@ class ConvMuon(torch.optim.Muon):
             self._init_group(group, params, grads, bufs)
             if not params:
                 continue
-            lr, wd, mom = float(group["lr"]), group["weight_decay"], group["momentum"]
+            # each kernel and its gradient as (dim 0, rest) matrices: views, so updates land in place
+            # (made here, not in _init_group: a compiled step must see them made from p and p.grad)
+            grads = [g if is_dtensor(p) else _matrix(g, p) for p, g in zip(params, grads)]
+            params = [p if is_dtensor(p) else _matrix(p, p) for p in params]
+            lr, wd, mom = group["lr"], group["weight_decay"], group["momentum"]   # lr: a float, or a tensor (compiled steps)
             orthogonalise = lambda m: newton_schulz(m, group["ns_coefficients"], group["ns_steps"],  # noqa: E731
                                                     group["eps"], NS_DTYPES[group.get("ns_dtype", "fp32")])
             foreach = group.get("foreach")
@@ -193,7 +206,7 @@ class ConvMuon(torch.optim.Muon):
                     update = g.lerp(buf, mom) if group["nesterov"] else buf
                     update = _whole_matrix_update(update, orthogonalise) if is_dtensor(p) else orthogonalise(update)
                     p.mul_(1 - lr * wd)
-                    p.add_(update, alpha=-lr * _lr_ratio(group["adjust_lr_fn"], *p.shape))
+                    _descend(p, update, lr, _lr_ratio(group["adjust_lr_fn"], *p.shape))
                 continue
             # foreach: the same update for all parameters at once, elementwise work as multi-tensor
             # kernels and the iteration batched over same-shape matrices: fewer launches on a GPU.
@@ -205,7 +218,7 @@ class ConvMuon(torch.optim.Muon):
             if wd:
                 torch._foreach_mul_(params, 1 - lr * wd)
             for p, update in zip(params, updates):
-                p.add_(update, alpha=-lr * _lr_ratio(group["adjust_lr_fn"], *p.shape))
+                _descend(p, update, lr, _lr_ratio(group["adjust_lr_fn"], *p.shape))
         return loss
 
     def _init_group(self, group, params_with_grad, grads, muon_momentum_bufs):
@@ -223,12 +236,11 @@ class ConvMuon(torch.optim.Muon):
             view = _matrix(p, p)
             if view.data_ptr() != p.data_ptr() or not view._is_view() and view is not p:
                 raise RuntimeError("ConvMuon needs contiguous or channels-last parameters")
-            params_with_grad.append(view)
-            g = _matrix(p.grad, p)
-            grads.append(g)
+            params_with_grad.append(p)
+            grads.append(p.grad)
             state = self.state[p]
             if "momentum_buffer" not in state:
-                state["momentum_buffer"] = torch.zeros_like(g, memory_format=torch.preserve_format)
+                state["momentum_buffer"] = torch.zeros_like(_matrix(p.grad, p), memory_format=torch.preserve_format)
             muon_momentum_bufs.append(state["momentum_buffer"])
         return False
 

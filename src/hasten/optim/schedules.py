@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 
 from ..core import Time
+from .compiled import lr_value, set_lr
 
 KINDS = ("constant", "linear", "cosine", "wsd")
 
@@ -67,8 +68,9 @@ class LRSchedule:
         f = self.factor(state.progress, warm, down, state.batch_fraction())
         for opt in state.optimizers:
             for g in opt.param_groups:
-                g.setdefault("initial_lr", g["lr"])
-                g["lr"] = g["initial_lr"] * f
+                if "initial_lr" not in g:
+                    g["initial_lr"] = lr_value(g)
+                set_lr(g, g["initial_lr"] * f)   # in place when held as a tensor (compiled optimizer steps)
 
     def state_dict(self) -> dict:
         return {}

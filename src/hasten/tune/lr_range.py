@@ -17,6 +17,7 @@ from pathlib import Path
 from ..build import build_run
 from ..config import load_recipe
 from ..core import Algorithm
+from ..optim.compiled import lr_value, set_lr
 from ..provenance import code_version
 
 
@@ -31,13 +32,13 @@ class RangeTest(Algorithm):
         self._base: list[float] | None = None
 
     def fit_start(self, state, logger):
-        self._base = [g["lr"] for o in state.optimizers for g in o.param_groups]
+        self._base = [lr_value(g) for o in state.optimizers for g in o.param_groups]
 
     def batch_start(self, state, logger):
         i = len(self.factors)
         f = self.start * (self.end / self.start) ** (i / max(1, self.steps - 1))
         for g, lr in zip((g for o in state.optimizers for g in o.param_groups), self._base):
-            g["lr"] = lr * f
+            set_lr(g, lr * f)
         self.factors.append(f)
 
     def batch_end(self, state, logger):
