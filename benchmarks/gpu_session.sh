@@ -9,7 +9,8 @@
 # against the compiled airbench94_muon peer, 3 seeds each), `eager` (uncompiled cifar10-fast
 # against the same peer runs), `peer8` (8 epochs, no resizing, against them), `peer8c` and `peer9c`
 # (compiled: the peer's procedure with all six test views; 9 epochs without resizing), `peer8g` (peer8c
-# with CUDA graphs), `gpu` (the packaged cifar10-fast-gpu recipe against them; SEEDS=5 for 5 a side), `graphs`
+# with CUDA graphs), `gpu` (the packaged cifar10-fast-gpu recipe against them; SEEDS=5 for 5 a side), `gpuco` (the same with
+# trainer.compile_optimizer=true), `graphs`
 # (compiled with CUDA graphs: trainer.compile_mode=reduce-overhead), `muonloop` (compiled, Muon's
 # kernels stepped one at a time: the comparison for optimizer.muon.foreach's default), `probe`
 # (patch whitening's fit, device cold or prepared), `profile` (one step of each side under
@@ -89,6 +90,9 @@ for part in "$@"; do
     ;;
   gpu)    # the packaged GPU speedrun recipe (cifar10-fast-gpu: the peer's procedure in hasten, CUDA graphs)
     vs_peer cifar10-fast-gpu-vs-muon-$TAG$CALL cifar10-fast-gpu ${C_CAP:-200}
+    ;;
+  gpuco)  # the same with its optimizers' steps compiled (trainer.compile_optimizer: learning rates as tensors)
+    vs_peer cifar10-fast-gpu-compiled-optimizer-vs-muon-$TAG$CALL cifar10-fast-gpu+trainer.compile_optimizer=true ${C_CAP:-200}
     ;;
   graphs) # compiled with CUDA graphs (trainer.compile_mode=reduce-overhead) against the same peer runs
     vs_peer cifar10-fast-graphs-vs-muon-$TAG$CALL cifar10-fast+trainer.compile=true+trainer.compile_mode=reduce-overhead ${C_CAP:-150}
