@@ -5,7 +5,7 @@ import pytest
 import torch
 from torch import nn
 
-from hasten import Trainer
+from hasten import Callback, Trainer
 from hasten.optim import LRSchedule
 from hasten.optim.compiled import compile_steps, hold_lrs, lr_value, set_lr
 from hasten.optim.muon import ConvMuon
@@ -132,3 +132,48 @@ def test_a_fused_optimizer_is_left_eager_with_a_warning_and_recipes_build_the_fo
     recipe = load_recipe("shakespeare-char-fast", ["trainer.compile_optimizer=true", "optimizer.fused=true"])
     with pytest.raises(ConfigError, match="optimizer.fused=true with trainer.compile_optimizer"):
         build_optimizer(recipe.optimizer, gpt, rt, compiled=True)
+
+
+def _speedrun(compile_optimizer):
+    from hasten.algorithms import ChannelsLast, PatchWhitening
+    from hasten.data import DeviceLoader
+    from hasten.models.speedrun import SpeedrunNet
+    from hasten.optim.muon import muon_for, split_for_muon
+
+    def optimizers(m):
+        hidden, other = split_for_muon(m)
+        return [muon_for([p for _, p in hidden], 0.05, normalize_weights=True, ns_steps=3, ns_dtype="fp32"),
+                torch.optim.SGD([p for _, p in other], lr=0.05, momentum=0.85, nesterov=True, weight_decay=5e-3,
+                                foreach=True)]
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randint(0, 256, (48, 16, 16, 3), dtype=torch.uint8, generator=g), torch.arange(48) % 10
+    torch.manual_seed(0)
+    whitening = PatchWhitening(num_images=32, train_bias_for="1ep")
+    t = Trainer(SpeedrunNet(widths=(8, 8, 8)), DeviceLoader(x, y, 16, mean=(128,) * 3, std=(64,) * 3, drop_last=True),
+                max_duration="3ep", optimizers=optimizers, device="cpu", seed=0, compile_optimizer=compile_optimizer,
+                algorithms=[whitening, ChannelsLast()])
+    return t, whitening
+
+
+def test_the_whitening_bias_stops_without_compiling_the_optimizer_step_again():
+    """Patch whitening's bias stopping part-way would take a gradient away from a compiled
+    step (a guard: the step would compile again inside timed training); under compiled steps it
+    keeps a zeroed gradient and its value is put back after each step, which leaves it where it
+    stopped and every other parameter where the eager run (bias taken out of autograd) puts it."""
+    eager, _ = _speedrun(False)
+    eager.fit(summary=False)
+    torch._dynamo.reset()
+    compiled, whitening = _speedrun(True)
+    stopped_at = {}
+
+    class Watch(Callback):
+        def batch_end(self, state, logger):
+            if whitening.bias_stopped and "bias" not in stopped_at:
+                stopped_at["bias"] = whitening._conv.bias.detach().clone()
+    compiled.add_callbacks(Watch())
+    compiled.fit(summary=False)
+    assert compiled.state.compile_graphs_after_warmup == 0
+    assert whitening.bias_stopped and whitening._conv.bias.requires_grad
+    assert torch.equal(whitening._conv.bias.detach(), stopped_at["bias"])
+    for (name, a), b in zip(eager.state.model.named_parameters(), compiled.state.model.parameters()):
+        torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-5, msg=name)

@@ -284,6 +284,7 @@ class Trainer:
         self._autocast_ctx = self.runtime.autocast()   # one context for every step (fp32: a shared no-op)
         # each optimizer's step: compiled, its learning rates held as tensors the schedules fill in
         # place; else eager, learning rates as floats (a compiled run's checkpoint resumes either way)
+        state.optimizer_compiled = bool(self._compile_optimizer)
         if self._compile_optimizer:
             kwargs = self._compile_optimizer if isinstance(self._compile_optimizer, dict) else {}
             # the steps compile in the first training step (the harness's warm-up); graphs after it count

@@ -115,19 +115,28 @@ class PatchWhitening(Algorithm):
       compiled model compiles nothing new when the bias stops (a change of requires_grad is a
       guard that recompiles every shape) and DDP's wrapper sees the same parameters used at
       every step (no search for unused ones). The price is the backward work above.
-    Both give the same updates to every other parameter."""
+    - compiled optimizer steps (`trainer.compile_optimizer`), whatever runs the forward: the
+      bias keeps a gradient, zeroed after every backward pass, and its value is put back after
+      every optimizer step. A compiled step guards on which parameters have gradients, so
+      dropping one would compile the step again inside timed training; the zero gradient adds
+      nothing to a global norm, and the put-back undoes what momentum and weight decay do to
+      the bias (a copy of its few numbers a step).
+    All give the same updates to every other parameter."""
     def __init__(self, num_images: int = 5000, eps: float = 5e-4, module: str | None = None, freeze: bool = True,
                  train_bias_for: str | None = None):
         self.num_images, self.eps, self.module, self.freeze = num_images, eps, module, freeze
         self.train_bias_for = Time.parse(train_bias_for) if train_bias_for is not None else None
         self._conv: nn.Conv2d | None = None
         self.bias_stopped = False
+        self._held_bias: torch.Tensor | None = None   # compiled optimizer steps: the bias's value when it stopped
 
     def batch_start(self, state, logger):
         if (self.train_bias_for is not None and not self.bias_stopped and self._conv is not None
                 and state.progress >= state.fraction_of(self.train_bias_for)):
             self.bias_stopped = True   # from the run's progress: a resumed run stops it again at its first batch
-            if not self.keeps_graph(state):
+            if state.optimizer_compiled:
+                self._held_bias = self._conv.bias.detach().clone()
+            elif not self.keeps_graph(state):
                 self._conv.bias.requires_grad_(False)
                 self._conv.bias.grad = None
 
@@ -144,7 +153,16 @@ class PatchWhitening(Algorithm):
 
     def after_backward(self, state, logger):
         if self.bias_stopped:
-            self._conv.bias.grad = None
+            bias = self._conv.bias
+            if self._held_bias is None:
+                bias.grad = None
+            elif bias.grad is not None:
+                bias.grad.zero_()
+
+    def after_optim_step(self, state, logger):
+        if self._held_bias is not None:
+            with torch.no_grad():
+                self._conv.bias.copy_(self._held_bias)
 
     def init(self, state, logger):
         t0 = time.perf_counter()

@@ -74,6 +74,8 @@ class State:
     stop_reason: str | None = None
     extra: dict = field(default_factory=dict)  # room for users' own algorithms to share data (hasten's use none)
     compile_graphs_after_warmup: int | None = None   # compiled runs: graphs compiled inside timed training
+    optimizer_compiled: bool = False   # the optimizers' steps run compiled (trainer.compile_optimizer): the set
+                                       # of parameters with gradients must not change part-way
     device: InitVar[Any] = None        # instead of runtime: a State built by hand
     precision: InitVar[str | None] = None
     seed: InitVar[int | None] = None

@@ -12,7 +12,10 @@ learning rate each step would compile a new graph each step. PyTorch's answer, f
 here: the learning rate of every parameter group becomes a 0-dimensional tensor on the
 parameters' device, and the schedules write into it in place (`set_lr`), so one graph serves
 the whole run. Nothing else in a group may change during the run without a recompile
-(momentum, weight decay); hasten's schedules change only the learning rate.
+(momentum, weight decay); hasten's schedules change only the learning rate. Nor may the set of
+parameters that have gradients: an algorithm that stops a parameter part-way keeps its
+gradient (zeroed) and puts its value back after each step (`state.optimizer_compiled` tells
+it; patch whitening's bias does so).
 
     steps = compile_steps(optimizers)      # learning rates become tensors; one callable each
     ...
