@@ -459,6 +459,18 @@ def test_muon_under_fsdp_orthogonalises_whole_matrices_as_one_process_does(tmp_p
         torch.testing.assert_close(two["weights"][k], w, rtol=1e-4, atol=2e-5)
 
 
+@pytest.mark.slow
+def test_compiled_optimizer_steps_under_ddp_equal_one_eager_process(tmp_path):
+    """trainer.compile_optimizer under DDP (gloo, two processes): the compiled Muon and AdamW steps,
+    their learning rates held as tensors, train the GPT as one process stepping eagerly does."""
+    one = _launch(tmp_path, "gpt", 1, job_env={"JOB_OPT": "muon"})
+    two = _launch(tmp_path, "gpt", 2, job_env={"JOB_OPT": "muon", "JOB_COMPILE_OPT": "1"}, tag="-compiled")
+    late = [r["compile/graphs_after_warmup"] for r in two["logged"] if "compile/graphs_after_warmup" in r]
+    assert late == [0]   # compiled in the first step, nothing after
+    for k, w in one["weights"].items():
+        torch.testing.assert_close(two["weights"][k], w, rtol=1e-4, atol=2e-5)
+
+
 def test_microbatch_auto_two_processes_agree_on_the_size_and_equal_one_process(tmp_path):
     from torch import nn
 

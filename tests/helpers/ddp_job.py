@@ -18,7 +18,8 @@ shards the model (FSDP2; JOB_RESHARD=0 keeps parameters gathered between forward
 backward; JOB_AC=1 recomputes each block's activations; JOB_CKPT=whole gathers checkpoints into one
 file instead of sharded .dcp folders; JOB_KILL_IN_SAVE=B kills every rank inside the sharded
 save at batch B); JOB_PRECISION sets the precision (default fp32); JOB_OPT=muon trains the gpt with Muon;
-JOB_MICROBATCH (a size or auto) and JOB_MEMORY_LIMIT (bytes) set the Trainer's micro-batching."""
+JOB_MICROBATCH (a size or auto) and JOB_MEMORY_LIMIT (bytes) set the Trainer's micro-batching;
+JOB_COMPILE_OPT=1 compiles the optimizers' steps (trainer.compile_optimizer)."""
 import json
 import os
 import signal
@@ -104,7 +105,8 @@ def main(model_name: str, out: str, grad_accum="1", sigterm_rank1_at="0", save: 
         opt = lambda m: torch.optim.AdamW(m.parameters(), lr=3e-3)   # noqa: E731
         if os.environ.get("JOB_OPT") == "muon":   # Muon (fp32 Newton-Schulz) for the blocks' matrices, AdamW for the rest
             from hasten.optim.muon import muon_optimizers
-            opt = lambda m: muon_optimizers(m, muon_lr=0.02, adam_lr=3e-3, ns_dtype="fp32")   # noqa: E731
+            fused = False if os.environ.get("JOB_COMPILE_OPT") == "1" else None   # compiled: the foreach AdamW
+            opt = lambda m: muon_optimizers(m, muon_lr=0.02, adam_lr=3e-3, ns_dtype="fp32", fused=fused)   # noqa: E731
     logger = Remember()
     algos, kept = [], []
     if algo_name == "ema":
@@ -172,6 +174,7 @@ def main(model_name: str, out: str, grad_accum="1", sigterm_rank1_at="0", save: 
                  microbatch=(lambda m: None if not m else m if m == "auto" else int(m))(os.environ.get("JOB_MICROBATCH")),
                  memory_limit=int(os.environ["JOB_MEMORY_LIMIT"]) if os.environ.get("JOB_MEMORY_LIMIT") else None,
                  activation_checkpointing=os.environ.get("JOB_AC") == "1",
+                 compile_optimizer=os.environ.get("JOB_COMPILE_OPT") == "1",
                  fsdp={"reshard_after_forward": os.environ.get("JOB_RESHARD", "1") == "1",
                        "checkpoint": os.environ.get("JOB_CKPT", "sharded")} if parallel == "fsdp" else None)
     tr.fit()

@@ -87,7 +87,7 @@ def lr_range_test(recipe_arg: str, overrides: list[str], steps: int = 200, start
         run.trainer.eval_dataloader = None   # the test reads training losses only
         test = RangeTest(start, end, steps)
         run.trainer.add_algorithms(test)
-        base = [(getattr(o, "registry_name", type(o).__name__), g.get("name", str(i)), g["lr"])
+        base = [(getattr(o, "registry_name", type(o).__name__), g.get("name", str(i)), lr_value(g))
                 for o in run.trainer.state.optimizers for i, g in enumerate(o.param_groups)]
         run.trainer.fit(summary=False)
         run.close(discard=False)
