@@ -85,8 +85,13 @@ def test_compile_options_fit_the_device_and_a_rejected_mode_is_taken_back_whole(
     trainer.compile_mode); when the quality guard cannot check it, both of its overrides go."""
     plan = _plan(str(TINY), {"avx2"}, monkeypatch)
     assert [o.label for o in plan["compile"][0]] == ["eager", "compiled"]
+    assert plan["optimizer_step"][0] == [] and "CPU" in plan["optimizer_step"][1]
     monkeypatch.setattr(tune_mod.torch.cuda, "is_available", lambda: True)
     plan = _plan(str(TINY), {"avx2"}, monkeypatch)
+    assert [o.label for o in plan["optimizer_step"][0]] == ["eager", "compiled"]
+    load_recipe(str(TINY), plan["optimizer_step"][0][-1].overrides)
+    owned = {n: o for n, o, _ in stages(load_recipe(str(TINY), ["trainer.compile_optimizer=true"]))}
+    assert owned["optimizer_step"][0].label == "compiled"   # the recipe's own setting is the incumbent
     graphs = plan["compile"][0][-1]
     assert graphs.label == "reduce-overhead"
     load_recipe(str(TINY), graphs.overrides)   # a valid recipe as written
