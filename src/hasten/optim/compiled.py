@@ -69,7 +69,7 @@ def hold_lrs(optimizers, as_tensors: bool) -> None:
                 group["initial_lr"] = float(group["initial_lr"].item())
             if not as_tensors:
                 if isinstance(lr, torch.Tensor):
-                    group["lr"] = float(lr.item())
+                    group["lr"] = lr_value(group)
                 continue
             device = _group_device(group)
             if isinstance(lr, torch.Tensor) and lr.device == device and lr.dtype == torch.float32 and lr.dim() == 0:
@@ -80,11 +80,12 @@ def hold_lrs(optimizers, as_tensors: bool) -> None:
 def compile_steps(optimizers, **compile_kwargs) -> list[Callable]:
     """One compiled step function per optimizer, learning rates made tensors first
     (`hold_lrs`). On a CPU, groups with a `foreach` setting take the per-tensor form (torch's
-    foreach kernels take a tensor rate only where they are capturable: GPUs; on those torch.compile
-    turns `capturable` on itself). A fused optimizer (AdamW(fused=True)) is not traced by torch.compile, so its
-    step stays eager, with a warning; the foreach form is what compiles. Keyword arguments go to `torch.compile` (default: its default mode, graph
-    breaks allowed: an optimizer whose step cannot be traced whole still runs). The same
-    optimizer asked again gets the same function, so its compiled graphs are reused."""
+    foreach kernels take a tensor rate only where they are capturable: GPUs; on those
+    torch.compile turns `capturable` on itself). A fused optimizer (AdamW(fused=True)) is not
+    traced by torch.compile, so its step stays eager, with a warning; the foreach form is what
+    compiles. Keyword arguments go to `torch.compile` (default: its default mode, graph breaks
+    allowed: an optimizer whose step cannot be traced whole still runs). The same optimizer
+    asked again gets the same function, so its compiled graphs are reused."""
     hold_lrs(optimizers, as_tensors=True)
     steps = []
     for opt in optimizers:

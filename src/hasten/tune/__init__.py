@@ -9,10 +9,10 @@ What is searched, in this order, each decision fixed before the next (so the lat
 measured under the earlier winners: channels-last under the chosen precision, and so on):
 precision (fp32, bf16-mixed where the CPU or GPU has bf16 hardware, fp16-mixed on a GPU),
 channels-last (models with 2-D convolutions), `torch.compile` (off, default; the reduce-
-overhead mode on a GPU), the optimizers' steps compiled or not (a GPU), the data path (the device-resident loader or a DataLoader with
-workers, where the task has both), intra-op threads (CPU), the host allocator settings
-(CPU), and micro-batches of the recipe's global batch (the whole batch, halves, quarters:
-the largest that fits and the fastest). A setting that cannot help here is not tried, and
+overhead mode on a GPU), the optimizers' steps compiled or not (a GPU), the data path (the
+device-resident loader or a DataLoader with workers, where the task has both), intra-op
+threads (CPU), the host allocator settings (CPU), and micro-batches of the recipe's global
+batch (the whole batch, halves, quarters: the largest that fits and the fastest). A setting that cannot help here is not tried, and
 says why (bf16 on a CPU without bf16 hardware is emulated: many times slower).
 
 Each trial is its own process, started fresh: warm-up steps are excluded (the first step's
