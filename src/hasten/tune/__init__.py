@@ -12,8 +12,9 @@ channels-last (models with 2-D convolutions), `torch.compile` (off, default; the
 overhead mode on a GPU), the optimizers' steps compiled or not (a GPU), the data path (the
 device-resident loader or a DataLoader with workers, where the task has both), intra-op
 threads (CPU), the host allocator settings (CPU), and micro-batches of the recipe's global
-batch (the whole batch, halves, quarters: the largest that fits and the fastest). A setting that cannot help here is not tried, and
-says why (bf16 on a CPU without bf16 hardware is emulated: many times slower).
+batch (the whole batch, halves, quarters: the largest that fits and the fastest). A setting
+that cannot help here is not tried, and says why (bf16 on a CPU without bf16 hardware is
+emulated: many times slower).
 
 Each trial is its own process, started fresh: warm-up steps are excluded (the first step's
 extra time is reported as compilation), then enough steps for at least a few seconds of
