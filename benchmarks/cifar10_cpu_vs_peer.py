@@ -147,7 +147,10 @@ def main(argv=None) -> int:
         data["peer"]["hasten_malloc" if malloc else "default_malloc"] = [
             {"seed": r["seed"], "acc": r["acc_tta"], "timed_s": r["timed_s"], "parts_s": r["parts_s"]} for r in runs]
     md = (f"# `{args.recipe}` against {'airbench94_muon' if args.peer == 'muon' else 'the airbench94 CPU port'}\n\n"
-          "Side by side, runs alternating, each in its own process. Test accuracy with test-time augmentation; "
+          + ("Side by side on one GPU: the peer's seeds in one process after one untimed compiled warm-up run, "
+             "then hasten's, each in its own process." if args.device == "cuda" else
+             "Side by side, runs alternating, each in its own process.")
+          + " Test accuracy with test-time augmentation; "
           "timed work: whitening fit, training and the final augmented evaluation (per-epoch evaluation, data "
           "loading and one-off warm-up not timed). Ratio: hasten's timed work over the peer's (geometric means, "
           "95% Welch interval on log times).\n\n"

@@ -177,3 +177,35 @@ def test_the_whitening_bias_stops_without_compiling_the_optimizer_step_again():
     assert torch.equal(whitening._conv.bias.detach(), stopped_at["bias"])
     for (name, a), b in zip(eager.state.model.named_parameters(), compiled.state.model.parameters()):
         torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-5, msg=name)
+
+
+def test_before_torch_2_13_loop_reordering_is_off_for_the_step_graphs_alone(monkeypatch):
+    # torch 2.11 on CUDA stopped compiling the speedrun's SGD/Muon steps with an AssertionError in
+    # inductor's loop reordering after fusion (2.13 skips the node instead): before 2.13 the steps
+    # compile with it off, unless the caller chose options or a mode; the updates are unchanged
+    import hasten.optim.compiled as compiled
+    seen = []
+    real = torch.compile
+    monkeypatch.setattr(torch, "compile", lambda fn, **kw: seen.append(kw) or real(fn, **kw))
+    monkeypatch.setattr(compiled, "_torch_version", lambda: (2, 11))
+    net = _net()
+    eager_net = _net()
+    steps = compile_steps(_optimizers(net))
+    assert seen and all(kw == {"options": {"loop_ordering_after_fusion": False}} for kw in seen)
+    eager = _optimizers(eager_net)
+    x = torch.randn(6, 3, 6, 6)
+    for _ in range(2):
+        for m, opts in ((net, None), (eager_net, eager)):
+            m.zero_grad()
+            m(x).square().mean().backward()
+            for step in (steps if opts is None else [o.step for o in opts]):
+                step()
+    for a, b in zip(net.parameters(), eager_net.parameters()):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    seen.clear()
+    compile_steps(_optimizers(_net()), mode="max-autotune-no-cudagraphs")
+    assert seen and all(kw == {"mode": "max-autotune-no-cudagraphs"} for kw in seen)
+    seen.clear()
+    monkeypatch.setattr(compiled, "_torch_version", lambda: (2, 13))
+    compile_steps(_optimizers(_net()))
+    assert seen and all(kw == {} for kw in seen)

@@ -87,6 +87,7 @@ def compile_steps(optimizers, **compile_kwargs) -> list[Callable]:
     allowed: an optimizer whose step cannot be traced whole still runs). The same optimizer
     asked again gets the same function, so its compiled graphs are reused."""
     hold_lrs(optimizers, as_tensors=True)
+    compile_kwargs = _step_compile_kwargs(compile_kwargs)
     steps = []
     for opt in optimizers:
         for group in opt.param_groups:
@@ -108,6 +109,25 @@ def compile_steps(optimizers, **compile_kwargs) -> list[Callable]:
     cfg = torch._dynamo.config
     cfg.recompile_limit = max(cfg.recompile_limit, 2 * len(optimizers) + 8)
     return steps
+
+
+def _torch_version() -> tuple[int, int]:
+    return tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2])
+
+
+def _step_compile_kwargs(kwargs: dict) -> dict:
+    """torch.compile's arguments for an optimizer step. Before torch 2.13, inductor's loop
+    reordering after fusion can fail on an optimizer step's graph: on torch 2.11 with CUDA (an
+    H200), the CIFAR speedrun's compiled SGD and Muon steps stopped in the scheduler with an
+    AssertionError (a fused node holding a node that is not a plain kernel; torch 2.13 skips
+    such nodes instead of asserting). An optimizer step is elementwise work over tensors in
+    their own layouts, where reordering loops has little to find, so before 2.13 it is turned
+    off for these graphs alone (`options={'loop_ordering_after_fusion': False}`), unless the
+    caller gives its own options or a mode (torch.compile takes one or the other)."""
+    kwargs = dict(kwargs)
+    if _torch_version() < (2, 13) and "options" not in kwargs and "mode" not in kwargs:
+        kwargs["options"] = {"loop_ordering_after_fusion": False}
+    return kwargs
 
 
 def _prime_momentum(opt) -> None:
