@@ -408,6 +408,25 @@ def test_layer_freezing_freezes_the_first_tensors_progressively():
     assert not torch.equal(model[0].weight, first_w)   # it trained before being frozen
 
 
+def test_layer_freezing_without_a_ramp_freezes_the_whole_share_at_start():
+    from hasten import Callback
+    from hasten.algorithms import LayerFreezing
+    x, y = classification_data(n=16)
+    model = mlp()   # 4 tensors: the first layer's weight and bias, then the second's
+    seen = []
+
+    class Watch(Callback):
+        def batch_end(self, state, logger):
+            seen.append(sum(not p.requires_grad for p in state.model.parameters()))
+
+    Trainer(model, [(x, y)] * 10, device="cpu", max_duration="10ba",
+            algorithms=[LayerFreezing("5ba", 0.5, ramp=False)], callbacks=[Watch()],
+            optimizers=lambda m: torch.optim.SGD(m.parameters(), lr=0.1)).fit()
+    assert seen == [0] * 5 + [2] * 5, seen   # none for 5 batches, then both first-layer tensors at once
+    with pytest.raises(TypeError, match="ramp must be"):
+        LayerFreezing(0.5, 0.5, ramp="no")
+
+
 # ---------------------------------------------------------------------------- models
 def test_resnet_sizes_match_the_published_counts():
     from hasten.models import resnet18, resnet50

@@ -3,7 +3,8 @@
 Early layers converge first (Raghu et al., 2017, SVCCA); freezing them saves their weight
 gradients and optimizer updates. From `start` (a fraction of the run) the first parameter
 tensors, in model order, are frozen so that the frozen share grows linearly to `fraction`
-at the end. Frozen tensors get `requires_grad=False`: autograd does not compute their
+at the end; with `ramp=False` the whole `fraction` is frozen at `start` (a block at once: the
+backward pass then stops above it, which saves its activation gradients too). Frozen tensors get `requires_grad=False`: autograd does not compute their
 weight gradients and the optimizer skips them. Under DDP the Trainer builds DDP with
 `find_unused_parameters=True` (a walk of the autograd graph per step) so that it does not
 wait for the frozen tensors' gradients.
@@ -35,10 +36,13 @@ def freeze_first(model: torch.nn.Module, fraction: float) -> int:
 
 @register_algorithm("layer_freezing")
 class LayerFreezing(Algorithm):
-    def __init__(self, start: "float | str" = 0.5, fraction: float = 0.5):
+    def __init__(self, start: "float | str" = 0.5, fraction: float = 0.5, ramp: bool = True):
         if not 0.0 <= fraction <= 1.0:
             raise ValueError(f"fraction (the share of tensors frozen at the end) must lie in [0, 1], got {fraction}")
-        self.start, self.fraction = as_time(start, "start"), fraction
+        if not isinstance(ramp, bool):
+            raise TypeError(f"ramp must be true (the frozen share grows to `fraction`) or false (all of it at "
+                            f"`start`), got {ramp!r}")
+        self.start, self.fraction, self.ramp = as_time(start, "start"), fraction, ramp
         if self.start.unit.value == "dur" and self.start.value >= 1.0:
             raise ValueError(f"start must lie before the end of the run, got {start}")
         self.frozen = 0
@@ -51,7 +55,7 @@ class LayerFreezing(Algorithm):
         p, start = state.progress, state.fraction_of(self.start)
         if p < start:
             return
-        want = self.fraction * (p - start) / (1.0 - start) if start < 1.0 else self.fraction
+        want = self.fraction * (p - start) / (1.0 - start) if self.ramp and start < 1.0 else self.fraction
         n = freeze_first(state.model, want)
         if n != self.frozen:
             self.frozen = n
