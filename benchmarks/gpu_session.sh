@@ -39,7 +39,7 @@ TAG=${TAG:-gpu}
 # profile part's modes (default "compile eager"; "graphs": hasten's side with CUDA graphs).
 CALL=${CALL:-}
 # The comparison whose peer runs the others reuse; PEER_RUN names another (a part of that name then
-# runs the peer afresh beside its own recipe, interleaved: PEER_RUN=cifar10-fast-gpu-vs-muon-h200-5 ... gpu gpuco).
+# runs the peer afresh, then its own recipe, in the same call: PEER_RUN=cifar10-fast-gpu-vs-muon-h200-5 ... gpu gpuco).
 PEER=${PEER_RUN:-cifar10-fast-compiled-vs-muon-$TAG$CALL}
 
 vs_peer() {   # NAME RECIPE CAP: RECIPE against the compiled peer (its runs copied from $PEER, not rerun)

@@ -4,10 +4,10 @@ Early layers converge first (Raghu et al., 2017, SVCCA); freezing them saves the
 gradients and optimizer updates. From `start` (a fraction of the run) the first parameter
 tensors, in model order, are frozen so that the frozen share grows linearly to `fraction`
 at the end; with `ramp=False` the whole `fraction` is frozen at `start` (a block at once: the
-backward pass then stops above it, which saves its activation gradients too). Frozen tensors get `requires_grad=False`: autograd does not compute their
-weight gradients and the optimizer skips them. Under DDP the Trainer builds DDP with
-`find_unused_parameters=True` (a walk of the autograd graph per step) so that it does not
-wait for the frozen tensors' gradients.
+backward pass then stops above it, which saves its activation gradients too). Frozen tensors
+get `requires_grad=False`: autograd does not compute their weight gradients and the optimizer
+skips them. Under DDP the Trainer builds DDP with `find_unused_parameters=True` (a walk of
+the autograd graph per step) so that it does not wait for the frozen tensors' gradients.
 
 Functional form: `freeze_first(model, fraction)` returns how many tensors are frozen.
 """

@@ -111,8 +111,9 @@ def compile_steps(optimizers, **compile_kwargs) -> list[Callable]:
     return steps
 
 
-def _torch_version() -> tuple[int, int]:
-    return tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2])
+def _torch_version():
+    """torch's own version object (`torch.torch_version.TorchVersion`), which compares with tuples."""
+    return torch.__version__
 
 
 def _step_compile_kwargs(kwargs: dict) -> dict:
