@@ -1,4 +1,5 @@
 """InfoBatch, selective backprop and proxy selection, against independent references."""
+import copy
 import pytest
 import torch
 import torch.nn as nn
@@ -240,6 +241,35 @@ def test_selective_backprop_gradient_is_that_of_the_hardest_samples():
     F.cross_entropy(ref_model(x[hard]), y[hard]).backward()
     for g, p in zip(grads["sb"], ref_model.parameters()):
         torch.testing.assert_close(g, p.grad)
+
+
+@pytest.mark.parametrize("which", ["both", "scoring", "training"])
+def test_selective_backprop_running_stats_come_from_the_chosen_pass(which):
+    x, y = classification_data(n=32)
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(x.shape[1], 16), nn.BatchNorm1d(16, momentum=0.5), nn.ReLU(), nn.Linear(16, 4))
+    ref = copy.deepcopy(model)
+    Trainer(model, [(x, y)], max_duration="1ba", device="cpu", algorithms=[SelectiveBackprop(0.25, running_stats=which)],
+            optimizers=lambda m: torch.optim.SGD(m.parameters(), lr=0.0)).fit()
+    # the reference: torch's own batch norm fed the whole batch and then the hardest quarter, as chosen
+    with torch.no_grad():
+        losses = F.cross_entropy(ref(x), y, reduction="none")      # updates ref's statistics from all 32
+    hard = losses.argsort(descending=True)[:8]
+    bn_ref = ref[1]
+    if which == "training":
+        bn_ref.reset_running_stats()
+        ref(x[hard])
+    elif which == "both":
+        ref(x[hard])
+    bn = model[1]
+    torch.testing.assert_close(bn.running_mean, bn_ref.running_mean)
+    torch.testing.assert_close(bn.running_var, bn_ref.running_var)
+    assert int(bn.num_batches_tracked) == int(bn_ref.num_batches_tracked)
+
+
+def test_selective_backprop_refuses_an_unknown_running_stats_choice():
+    with pytest.raises(ValueError, match="running_stats must be one of"):
+        SelectiveBackprop(0.5, running_stats="all")
 
 
 def test_proxy_selection_trains_the_proxy_and_picks_its_hardest():

@@ -6,13 +6,21 @@ pass costs about a third of a training step, so with keep=0.5 a step costs about
 full one, and the gradient concentrates on the samples the model gets most wrong. The
 scoring pass runs in training mode (batch norm uses batch statistics, as the step will).
 
+Both passes would update batch norm's running statistics, the last from the hardest samples
+only, which are not the data evaluation sees. `running_stats` says which pass keeps its
+update: "both" (each pass updates them, as a model left alone would), "scoring" (only the
+pass over the whole batch: the training pass's update is undone) or "training".
+
 Functional form: `select_hardest(losses, keep)` -> the indices of the top `keep` fraction
 (on the device, no host synchronisation). The Algorithm wraps the step seam; `start` and
 `end` (typed time) bound when it is active; `interrupt=n` makes every n-th step a full one.
+`running_stats_of(model)` and `restore_running_stats(saved)` hold and put back batch norm's
+running statistics (for the same choice in a loop of your own).
 """
 from __future__ import annotations
 
 import torch
+from torch.nn.modules.batchnorm import _BatchNorm
 
 from ..core import Algorithm, Time
 from ..data.batches import batch_size, forward, index_batch
@@ -28,6 +36,25 @@ def select_hardest(losses: torch.Tensor, keep: float) -> torch.Tensor:
     return torch.topk(losses.detach().float(), k, sorted=False).indices
 
 
+RUNNING_STATS = ("both", "scoring", "training")
+
+
+def running_stats_of(model: torch.nn.Module) -> list:
+    """Copies of the running statistics (mean, variance, batch count) of every batch norm layer
+    in `model` that tracks them, for `restore_running_stats`."""
+    return [(m, [b.clone() for b in (m.running_mean, m.running_var, m.num_batches_tracked)])
+            for m in model.modules()
+            if isinstance(m, _BatchNorm) and m.track_running_stats and m.running_mean is not None]
+
+
+def restore_running_stats(saved: list) -> None:
+    """Put back the statistics `running_stats_of` copied, in place (the buffers stay the same tensors)."""
+    with torch.no_grad():
+        for m, values in saved:
+            for b, v in zip((m.running_mean, m.running_var, m.num_batches_tracked), values):
+                b.copy_(v)
+
+
 def per_sample_losses(model, state, batch) -> torch.Tensor:
     inputs, targets = state.batch_fn(batch)
     with torch.no_grad(), state.autocast():
@@ -41,9 +68,14 @@ def per_sample_losses(model, state, batch) -> torch.Tensor:
 
 @register_algorithm("selective_backprop")
 class SelectiveBackprop(Algorithm):
-    def __init__(self, keep: float = 0.5, start: str = "0dur", end: str = "1dur", interrupt: int = 0):
+    def __init__(self, keep: float = 0.5, start: str = "0dur", end: str = "1dur", interrupt: int = 0,
+                 running_stats: str = "both"):
         if not 0.0 < keep <= 1.0:
             raise ValueError(f"keep must lie in (0, 1], got {keep}")
+        if running_stats not in RUNNING_STATS:
+            raise ValueError(f"running_stats must be one of {', '.join(RUNNING_STATS)} (which pass updates "
+                             f"batch norm's running statistics), got {running_stats!r}")
+        self.running_stats = running_stats
         self.keep, self.start, self.end, self.interrupt = keep, Time.parse(start), Time.parse(end), int(interrupt)
 
     def active(self, state) -> bool:
@@ -56,14 +88,20 @@ class SelectiveBackprop(Algorithm):
         def selective_step(state):
             if not self.active(state):
                 return step(state)
-            batch = state.batch
-            losses = per_sample_losses(state.forward_model, state, batch)
+            batch, model = state.batch, state.forward_model
+            before = running_stats_of(model) if self.running_stats == "training" else None
+            losses = per_sample_losses(model, state, batch)
+            if before is not None:
+                restore_running_stats(before)
+            after_scoring = running_stats_of(model) if self.running_stats == "scoring" else None
             state.batch = index_batch(batch, select_hardest(losses, self.keep))
             try:
                 step(state)
             finally:
                 state.batch = batch
+            if after_scoring is not None:
+                restore_running_stats(after_scoring)
         return selective_step
 
 
-__all__ = ["select_hardest", "SelectiveBackprop"]
+__all__ = ["select_hardest", "running_stats_of", "restore_running_stats", "SelectiveBackprop"]
