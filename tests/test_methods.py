@@ -1,4 +1,5 @@
 """Model surgery, optimisation and augmentation methods, each against an independent reference."""
+import copy
 import random
 
 import pytest
@@ -237,6 +238,34 @@ def test_sam_gradient_matches_the_two_pass_definition():
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
     for p, q in zip(tr.state.model.parameters(), init):   # back at the weights (lr 0)
         torch.testing.assert_close(p, q)
+
+
+@pytest.mark.parametrize("which", ["both", "first"])
+def test_sam_running_stats_come_from_the_chosen_pass(which):
+    x, y = classification_data(n=32)
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(x.shape[1], 16), nn.BatchNorm1d(16, momentum=0.5), nn.ReLU(), nn.Linear(16, 4))
+    ref = copy.deepcopy(model)
+    Trainer(model, [(x, y)], device="cpu", max_duration="1ba", algorithms=[SAM(rho=0.5, running_stats=which)],
+            optimizers=lambda m: torch.optim.SGD(m.parameters(), lr=0.0)).fit()
+    # the reference: torch's own batch norm fed the batch at w, then (for "both") at the perturbed weights
+    params = list(ref.parameters())
+    g = torch.autograd.grad(F.cross_entropy(ref(x), y), params)
+    if which == "both":
+        norm = torch.sqrt(sum((t ** 2).sum() for t in g))
+        with torch.no_grad():
+            for p, t in zip(params, g):
+                p += 0.5 * t / norm
+            ref(x)
+    bn, bn_ref = model[1], ref[1]
+    torch.testing.assert_close(bn.running_mean, bn_ref.running_mean)
+    torch.testing.assert_close(bn.running_var, bn_ref.running_var)
+    assert int(bn.num_batches_tracked) == int(bn_ref.num_batches_tracked) == (2 if which == "both" else 1)
+
+
+def test_sam_refuses_an_unknown_running_stats_choice():
+    with pytest.raises(ValueError, match="running_stats must be one of"):
+        SAM(running_stats="second")
 
 
 def test_adaptive_clipping_matches_a_row_by_row_reference():

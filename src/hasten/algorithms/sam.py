@@ -8,6 +8,12 @@ only where flatter minima generalise better (long runs, small data, label noise)
 Functional form: `sam_perturb(params, rho)` (returns the perturbations, applied in place)
 and `sam_restore(params, perturbations)`. The Algorithm wraps the step seam; `interval`
 makes only every n-th step a SAM step (the others are plain).
+
+Both forward passes of a SAM step run in training mode, so by default both update batch
+norm's running statistics, the second at the perturbed weights (`running_stats: both`, what
+the card's figure was measured with). `running_stats: first` keeps only the update from the
+pass at w, the statistics of the weights the model keeps; public SAM implementations commonly
+do this.
 """
 from __future__ import annotations
 
@@ -15,6 +21,9 @@ import torch
 
 from ..core import Algorithm
 from ..registry import register_algorithm
+from .selective_backprop import restore_running_stats, running_stats_of
+
+RUNNING_STATS = ("both", "first")
 
 
 @torch.no_grad()
@@ -38,10 +47,13 @@ def sam_restore(params: list[torch.Tensor], e: list[torch.Tensor]) -> None:
 
 @register_algorithm("sam")
 class SAM(Algorithm):
-    def __init__(self, rho: float = 0.05, interval: int = 1):
+    def __init__(self, rho: float = 0.05, interval: int = 1, running_stats: str = "both"):
         if rho <= 0 or interval < 1:
             raise ValueError(f"need rho > 0 and interval >= 1, got rho={rho}, interval={interval}")
-        self.rho, self.interval = rho, int(interval)
+        if running_stats not in RUNNING_STATS:
+            raise ValueError(f"running_stats must be one of {', '.join(RUNNING_STATS)} (which of SAM's two passes "
+                             f"updates batch norm's running statistics), got {running_stats!r}")
+        self.rho, self.interval, self.running_stats = rho, int(interval), running_stats
 
     def wrap_step(self, step):
         def sam_step(state):
@@ -55,8 +67,11 @@ class SAM(Algorithm):
             for p in params:
                 p.grad = None
             logged = len(state.step_losses)
+            stats = running_stats_of(state.model) if self.running_stats == "first" else None
             step(state)                       # the gradient at the perturbed point
             del state.step_losses[logged:]    # the logged loss is the one at the weights
+            if stats is not None:
+                restore_running_stats(stats)  # keep the statistics of the pass at w
             sam_restore(params, e)
         return sam_step
 
