@@ -456,6 +456,25 @@ def test_layer_freezing_without_a_ramp_freezes_the_whole_share_at_start():
         LayerFreezing(0.5, 0.5, ramp="no")
 
 
+def test_layer_freezing_freezes_again_after_a_resume(tmp_path):
+    # requires_grad is not checkpointed: a resumed run must freeze its fresh model's first tensors
+    from hasten.algorithms import LayerFreezing
+    x, y = classification_data(n=16)
+    first = Trainer(mlp(), [(x, y)] * 10, device="cpu", max_duration="6ba", save_folder=str(tmp_path),
+                    algorithms=[LayerFreezing("2ba", 0.5, ramp=False)],
+                    optimizers=lambda m: torch.optim.SGD(m.parameters(), lr=0.1))
+    first.fit()
+    fresh = mlp()
+    assert all(p.requires_grad for p in fresh.parameters())
+    Trainer(fresh, [(x, y)] * 10, device="cpu", max_duration="8ba", load_path=first.state.last_checkpoint,
+            algorithms=[LayerFreezing("2ba", 0.5, ramp=False)],
+            optimizers=lambda m: torch.optim.SGD(m.parameters(), lr=0.1)).fit()
+    assert [p.requires_grad for p in fresh.parameters()] == [False, False, True, True]
+    for a, b in zip(fresh.parameters(), first.state.model.parameters()):
+        if not a.requires_grad:
+            torch.testing.assert_close(a, b)   # frozen since batch 2: the resumed run did not move them
+
+
 # ---------------------------------------------------------------------------- models
 def test_resnet_sizes_match_the_published_counts():
     from hasten.models import resnet18, resnet50

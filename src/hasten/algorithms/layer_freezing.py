@@ -45,7 +45,8 @@ class LayerFreezing(Algorithm):
         self.start, self.fraction, self.ramp = as_time(start, "start"), fraction, ramp
         if self.start.unit.value == "dur" and self.start.value >= 1.0:
             raise ValueError(f"start must lie before the end of the run, got {start}")
-        self.frozen = 0
+        self.frozen = 0        # tensors frozen so far (0 again after a resume: requires_grad is not checkpointed)
+        self._tensors = None   # the model's parameter-tensor count, counted once
 
     def ddp_options(self):
         # parameters frozen part-way through: DDP must not wait for their gradients
@@ -56,10 +57,13 @@ class LayerFreezing(Algorithm):
         if p < start:
             return
         want = self.fraction * (p - start) / (1.0 - start) if self.ramp and start < 1.0 else self.fraction
+        if self._tensors is None:
+            self._tensors = sum(1 for _ in state.model.parameters())
+        if int(self._tensors * want) == self.frozen:
+            return   # nothing new to freeze: no walk over the parameters this batch
         n = freeze_first(state.model, want)
-        if n != self.frozen:
-            self.frozen = n
-            logger.log({"layer_freezing/frozen_tensors": n})
+        self.frozen = n
+        logger.log({"layer_freezing/frozen_tensors": n})
 
 
 __all__ = ["freeze_first", "LayerFreezing"]
