@@ -243,6 +243,36 @@ def test_selective_backprop_gradient_is_that_of_the_hardest_samples():
         torch.testing.assert_close(g, p.grad)
 
 
+def test_selective_backprop_with_score_scale_ranks_by_the_loss_of_downscaled_images():
+    # a tiny conv net with global max pooling, which takes any image size; no batch norm (the ranking alone)
+    g = torch.Generator().manual_seed(1)
+    x, y = torch.randn(32, 3, 16, 16, generator=g), torch.randint(0, 4, (32,), generator=g)
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.Conv2d(8, 8, 3, stride=2, padding=1), nn.ReLU(),
+                          nn.AdaptiveMaxPool2d(1), nn.Flatten(), nn.Linear(8, 4))
+    ref = copy.deepcopy(model)
+    grads = {}
+
+    class Grab(Algorithm):
+        def after_backward(self, state, logger):
+            grads["sb"] = [p.grad.clone() for p in state.model.parameters()]
+
+    Trainer(model, [(x, y)], max_duration="1ba", device="cpu",
+            algorithms=[SelectiveBackprop(0.25, score_scale=0.5), Grab()],
+            optimizers=lambda m: torch.optim.SGD(m.parameters(), lr=0.0)).fit()
+    with torch.no_grad():   # the reference: torch's own area downscaling to 8 px, then the loss there
+        small = F.interpolate(x, size=(8, 8), mode="area")
+        losses = F.cross_entropy(ref(small), y, reduction="none")
+    full = F.cross_entropy(ref(x), y, reduction="none").detach()
+    hard = losses.argsort(descending=True)[:8]
+    assert set(hard.tolist()) != set(full.argsort(descending=True)[:8].tolist())   # the scale changes the choice
+    F.cross_entropy(ref(x[hard]), y[hard]).backward()   # the step itself at full size
+    for a, b in zip(grads["sb"], ref.parameters()):
+        torch.testing.assert_close(a, b.grad)
+    with pytest.raises(ValueError, match="score_scale"):
+        SelectiveBackprop(0.5, score_scale=1.5)
+
+
 @pytest.mark.parametrize("which", ["both", "scoring", "training"])
 def test_selective_backprop_running_stats_come_from_the_chosen_pass(which):
     x, y = classification_data(n=32)

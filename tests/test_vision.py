@@ -259,6 +259,30 @@ def test_a_compiled_speedrun_with_a_stopping_whitening_bias_and_partial_tta_comp
     assert t.state.compile_graphs_after_warmup == 0
 
 
+@pytest.mark.slow
+def test_a_compiled_run_with_selective_backprop_compiles_its_scoring_and_partial_step_in_the_warm_up(monkeypatch):
+    """Selective backprop from half-way: its scoring pass (no gradients) and its step on half the
+    batch are other graphs. The warm-up compiles them (Algorithm.step_paths); without that, they
+    compile inside timed training, which the count shows."""
+    from hasten.algorithms import SelectiveBackprop
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randint(0, 256, (48, 16, 16, 3), dtype=torch.uint8, generator=g), torch.arange(48) % 10
+
+    def run():
+        torch._dynamo.reset()   # nothing compiled by an earlier run is reused
+        torch.manual_seed(0)
+        t = Trainer(SpeedrunNet(widths=(8, 8, 8)), DeviceLoader(x, y, 16, mean=(128,) * 3, std=(64,) * 3, drop_last=True),
+                    max_duration="2ep", compile=True, device="cpu",
+                    algorithms=[ChannelsLast(), SelectiveBackprop(keep=0.5, start="0.5dur")])
+        t.fit(summary=False)
+        return t.state.compile_graphs_after_warmup
+
+    assert run() == 0
+    monkeypatch.setattr(SelectiveBackprop, "step_paths", lambda self, state: [])
+    with pytest.warns(UserWarning, match="compiled during timed training"):
+        assert run() > 0
+
+
 def test_tta_averages_the_views():
     model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.Flatten(), nn.LazyLinear(5))
     x = _images(4)

@@ -7,6 +7,7 @@ step and loss seams), and everything that watches happens in a Callback.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 import sys
@@ -411,7 +412,8 @@ class Trainer:
         take (Algorithm.batch_variants: resized images, shorter sequences, each then passed
         through the other algorithms' AFTER_DATALOADER work; the batch itself where no algorithm
         changes its shape), the same again cut to the size of the epoch's last batch where the
-        loader keeps a smaller one, and the evaluation-mode forwards (the plain one and those an
+        loader keeps a smaller one, each also under every other path an algorithm's step takes
+        later (Algorithm.step_paths: selective backprop's scoring and partial step), and the evaluation-mode forwards (the plain one and those an
         algorithm adds: Algorithm.eval_forwards) on an evaluation batch and on one of the
         evaluation loader's last size, all undone (gradients, logged losses, buffers,
         random state), so that compiling them falls in the first step's warm-up, not in timed
@@ -425,19 +427,23 @@ class Trainer:
         last = self._local_last_size(state.train_dataloader)
         if last is not None and 0 < last < batch_size(loaded):
             variants += [(a, cut(loaded if v is None else v, last)) for a, v in variants]
-        cfg = torch._dynamo.config   # a graph per shape (static shapes), evaluation's too, and room to spare
-        cfg.recompile_limit = max(cfg.recompile_limit, len(variants) + 6)
+        # the step as it runs now, then under each other path an algorithm's step will take later
+        paths = [contextlib.nullcontext] + [p for a in state.algorithms for p in a.step_paths(state)]
+        cfg = torch._dynamo.config   # a graph per shape and grad mode (static shapes), evaluation's too, and room to spare
+        cfg.recompile_limit = max(cfg.recompile_limit, len(variants) * (2 * len(paths) - 1) + 6)
         batch, snapshot, n_losses = state.batch, StepSnapshot(state.model, self.device), len(state.step_losses)
         for producer, v in variants:
-            if v is not None:
-                state.batch = v   # then what the other algorithms do to every batch (memory layout, mixing)
-                for other in state.algorithms:
-                    if other is not producer and type(other).after_dataloader is not Algorithm.after_dataloader:
-                        other.after_dataloader(state, self.logger)
-            self._step(state)
-            for opt in state.optimizers:
-                opt.zero_grad(set_to_none=True)
-            state.batch = batch
+            for path in paths:
+                if v is not None:
+                    state.batch = v   # then what the other algorithms do to every batch (memory layout, mixing)
+                    for other in state.algorithms:
+                        if other is not producer and type(other).after_dataloader is not Algorithm.after_dataloader:
+                            other.after_dataloader(state, self.logger)
+                with path():
+                    self._step(state)
+                for opt in state.optimizers:
+                    opt.zero_grad(set_to_none=True)
+                state.batch = batch
         if self.eval_dataloader is not None and not state.microbatch_auto:
             with torch.inference_mode(), self.runtime.autocast():   # as evaluate() runs
                 state.model.eval()

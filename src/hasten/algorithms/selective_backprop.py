@@ -16,15 +16,22 @@ Functional form: `select_hardest(losses, keep)` -> the indices of the top `keep`
 `end` (typed time) bound when it is active; `interrupt=n` makes every n-th step a full one.
 `running_stats_of(model)` and `restore_running_stats(saved)` hold and put back batch norm's
 running statistics (for the same choice in a loop of your own).
+
+`score_scale` < 1 (image batches only) scores downscaled images (`resize_batch`, sides rounded
+to a multiple of 4 pixels): the scoring pass then costs about score_scale^2 of a full-size
+forward, and ranks the samples by their loss at that size.
 """
 from __future__ import annotations
+
+import contextlib
 
 import torch
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from ..core import Algorithm, Time
-from ..data.batches import batch_size, forward, index_batch
+from ..data.batches import batch_size, check_images, forward, index_batch
 from ..registry import register_algorithm
+from .progressive_resizing import resize_batch
 
 
 def select_hardest(losses: torch.Tensor, keep: float) -> torch.Tensor:
@@ -55,8 +62,11 @@ def restore_running_stats(saved: list) -> None:
                 b.copy_(v)
 
 
-def per_sample_losses(model, state, batch) -> torch.Tensor:
+def per_sample_losses(model, state, batch, score_scale: float = 1.0) -> torch.Tensor:
     inputs, targets = state.batch_fn(batch)
+    if score_scale != 1.0:   # score downscaled images: the pass costs about score_scale^2 of a full one
+        check_images(inputs, "selective_backprop with score_scale")
+        inputs = resize_batch(inputs, score_scale)
     with torch.no_grad(), state.autocast():
         outputs = forward(model, inputs)
         losses = (state.train_loss_fn or state.loss_fn)(outputs, targets)
@@ -69,16 +79,37 @@ def per_sample_losses(model, state, batch) -> torch.Tensor:
 @register_algorithm("selective_backprop")
 class SelectiveBackprop(Algorithm):
     def __init__(self, keep: float = 0.5, start: str = "0dur", end: str = "1dur", interrupt: int = 0,
-                 running_stats: str = "both"):
+                 running_stats: str = "both", score_scale: float = 1.0):
         if not 0.0 < keep <= 1.0:
             raise ValueError(f"keep must lie in (0, 1], got {keep}")
+        if not 0.0 < score_scale <= 1.0:
+            raise ValueError(f"score_scale (the image scale of the scoring pass) must lie in (0, 1], got {score_scale}")
+        self.score_scale = float(score_scale)
         if running_stats not in RUNNING_STATS:
             raise ValueError(f"running_stats must be one of {', '.join(RUNNING_STATS)} (which pass updates "
                              f"batch norm's running statistics), got {running_stats!r}")
         self.running_stats = running_stats
         self.keep, self.start, self.end, self.interrupt = keep, Time.parse(start), Time.parse(end), int(interrupt)
+        self._forced = False
+
+    def step_paths(self, state):
+        # a compiled run's warm-up: the scoring pass (no gradients, the whole batch) and the step on
+        # the chosen samples are other graphs; make them before the clock, whenever the window opens
+        if state.fraction_of(self.start) >= state.fraction_of(self.end):
+            return []
+
+        @contextlib.contextmanager
+        def selecting():
+            self._forced = True
+            try:
+                yield
+            finally:
+                self._forced = False
+        return [selecting]
 
     def active(self, state) -> bool:
+        if self._forced:
+            return True
         p = state.progress
         if self.interrupt and state.timestamp.batch % self.interrupt == 0:
             return False
@@ -90,7 +121,7 @@ class SelectiveBackprop(Algorithm):
                 return step(state)
             batch, model = state.batch, state.forward_model
             before = running_stats_of(model) if self.running_stats == "training" else None
-            losses = per_sample_losses(model, state, batch)
+            losses = per_sample_losses(model, state, batch, self.score_scale)
             if before is not None:
                 restore_running_stats(before)
             after_scoring = running_stats_of(model) if self.running_stats == "scoring" else None

@@ -64,6 +64,15 @@ class Algorithm:
         default: none (the batch keeps its shape)."""
         return []
 
+    def step_paths(self, state) -> list:
+        """Context managers, each of which makes this algorithm take, for the steps inside it, a
+        path through the training step that it takes later in the run and that computes on
+        other shapes or in another grad mode (selective backprop's scoring pass without
+        gradients and its step on part of the batch). A compiled run's warm-up makes one step
+        on every batch form under each, so that those graphs compile before its clock starts
+        (the steps are undone); the default: none (the step keeps one path)."""
+        return []
+
     def eval_forwards(self, state, model, inputs) -> None:
         """The forward passes of `model` that this algorithm's evaluations will make of the
         evaluation inputs `inputs` beyond the plain one (test-time augmentation's views of a
