@@ -80,15 +80,15 @@ for part in "$@"; do
     vs_peer cifar10-fast-eager-vs-muon-$TAG$CALL cifar10-fast ${EAGER_CAP:-90}
     ;;
   peer8)  # the GPU candidate: cifar10-fast for 8 epochs without progressive resizing, eager, against the same peer runs
-    vs_peer cifar10-fast-8ep-vs-muon-$TAG$CALL cifar10-fast+trainer.max_duration=8ep+algorithms.progressive_resizing=null ${EAGER_CAP:-90}
+    vs_peer cifar10-fast-8ep-vs-muon-$TAG$CALL cifar10-fast+trainer.max_duration=8ep+algorithms.progressive_resizing=null+algorithms.selective_backprop=null ${EAGER_CAP:-90}
     ;;
   peer8c) # the peer's own procedure in hasten, compiled: 8 epochs, 32 px throughout, all six views at test
     vs_peer cifar10-fast-8ep-fulltta-compiled-vs-muon-$TAG$CALL \
-      cifar10-fast+trainer.max_duration=8ep+algorithms.progressive_resizing=null+algorithms.tta.fraction=1.0+trainer.compile=true ${C_CAP:-150}
+      cifar10-fast+trainer.max_duration=8ep+algorithms.progressive_resizing=null+algorithms.selective_backprop=null+algorithms.tta.fraction=1.0+trainer.compile=true ${C_CAP:-150}
     ;;
   peer8g) # the peer's own procedure in hasten, compiled with CUDA graphs (the step of peer8c without its host wait)
     vs_peer cifar10-fast-8ep-fulltta-graphs-vs-muon-$TAG$CALL \
-      cifar10-fast+trainer.max_duration=8ep+algorithms.progressive_resizing=null+algorithms.tta.fraction=1.0+trainer.compile=true+trainer.compile_mode=reduce-overhead ${C_CAP:-150}
+      cifar10-fast+trainer.max_duration=8ep+algorithms.progressive_resizing=null+algorithms.selective_backprop=null+algorithms.tta.fraction=1.0+trainer.compile=true+trainer.compile_mode=reduce-overhead ${C_CAP:-150}
     ;;
   gpu)    # the packaged GPU speedrun recipe (cifar10-fast-gpu: the peer's procedure in hasten, CUDA graphs)
     vs_peer cifar10-fast-gpu-vs-muon-$TAG$CALL cifar10-fast-gpu ${C_CAP:-200}
@@ -104,7 +104,7 @@ for part in "$@"; do
     ;;
   peer9c) # compiled, 9 epochs at 32 px throughout (resizing saves nothing on a GPU), the recipe's TTA
     vs_peer cifar10-fast-9ep-noresize-compiled-vs-muon-$TAG$CALL \
-      cifar10-fast+algorithms.progressive_resizing=null+trainer.compile=true ${C_CAP:-150}
+      cifar10-fast+algorithms.progressive_resizing=null+algorithms.selective_backprop=null+trainer.compile=true ${C_CAP:-150}
     ;;
   profile) # one steady-state step of hasten's cifar10-fast against the peer's, compiled and eager (torch.profiler)
     for mode in ${PROFILE_MODES:-compile eager}; do

@@ -109,6 +109,7 @@ def profile_hasten(data_path: str, device: torch.device, compiled: bool, batch: 
         recipe = load_recipe("cifar10-fast", [
             f"data.path={data_path}", f"data.batch_size={batch}", f"trainer.device={device.type}",
             f"trainer.compile={str(compiled).lower()}", "algorithms.progressive_resizing=null",
+            "algorithms.selective_backprop=null",   # the plain step, as the peer takes it
             *([f"trainer.compile_mode={mode}"] if mode else []),
             "trainer.eval_interval=1000ep", "trainer.max_duration=1000ep", f"trainer.run_dir={tmp}/run",
             "trainer.checkpoints=false"])
