@@ -93,6 +93,10 @@ for part in "$@"; do
   gpu)    # the packaged GPU speedrun recipe (cifar10-fast-gpu: the peer's procedure in hasten, CUDA graphs)
     vs_peer cifar10-fast-gpu-vs-muon-$TAG$CALL cifar10-fast-gpu ${C_CAP:-200}
     ;;
+  gpusb)  # the GPU recipe with cifar10-fast's selective backprop (keep 0.5 from 40% of the run): does it pay on a GPU?
+    vs_peer cifar10-fast-gpu-sb-vs-muon-$TAG$CALL \
+      cifar10-fast-gpu+algorithms.selective_backprop.keep=0.5+algorithms.selective_backprop.start=0.4dur ${C_CAP:-200}
+    ;;
   gpuco)  # the same with its optimizers' steps compiled (trainer.compile_optimizer: learning rates as tensors)
     vs_peer cifar10-fast-gpu-compiled-optimizer-vs-muon-$TAG$CALL cifar10-fast-gpu+trainer.compile_optimizer=true ${C_CAP:-200}
     ;;
