@@ -413,7 +413,8 @@ class Trainer:
         through the other algorithms' AFTER_DATALOADER work; the batch itself where no algorithm
         changes its shape), the same again cut to the size of the epoch's last batch where the
         loader keeps a smaller one, each also under every other path an algorithm's step takes
-        later (Algorithm.step_paths: selective backprop's scoring and partial step), and the evaluation-mode forwards (the plain one and those an
+        later (Algorithm.step_paths: selective backprop's scoring and partial step), and the
+        evaluation-mode forwards (the plain one and those an
         algorithm adds: Algorithm.eval_forwards) on an evaluation batch and on one of the
         evaluation loader's last size, all undone (gradients, logged losses, buffers,
         random state), so that compiling them falls in the first step's warm-up, not in timed
@@ -433,17 +434,19 @@ class Trainer:
         cfg.recompile_limit = max(cfg.recompile_limit, len(variants) * (2 * len(paths) - 1) + 6)
         batch, snapshot, n_losses = state.batch, StepSnapshot(state.model, self.device), len(state.step_losses)
         for producer, v in variants:
+            if v is not None:
+                state.batch = v   # then what the other algorithms do to every batch (memory layout, mixing)
+                for other in state.algorithms:
+                    if other is not producer and type(other).after_dataloader is not Algorithm.after_dataloader:
+                        other.after_dataloader(state, self.logger)
+            prepared = state.batch   # made once, stepped on under every path
             for path in paths:
-                if v is not None:
-                    state.batch = v   # then what the other algorithms do to every batch (memory layout, mixing)
-                    for other in state.algorithms:
-                        if other is not producer and type(other).after_dataloader is not Algorithm.after_dataloader:
-                            other.after_dataloader(state, self.logger)
+                state.batch = prepared
                 with path():
                     self._step(state)
                 for opt in state.optimizers:
                     opt.zero_grad(set_to_none=True)
-                state.batch = batch
+            state.batch = batch
         if self.eval_dataloader is not None and not state.microbatch_auto:
             with torch.inference_mode(), self.runtime.autocast():   # as evaluate() runs
                 state.model.eval()
