@@ -19,6 +19,11 @@ from ..core import Algorithm, as_time
 from ..registry import register_algorithm
 
 
+def _frozen_count(tensors: int, fraction: float) -> int:
+    """How many of `tensors` parameter tensors `fraction` freezes (the first ones)."""
+    return int(tensors * fraction)
+
+
 def freeze_first(model: torch.nn.Module, fraction: float) -> int:
     """Stop the gradients of the first `fraction` of `model`'s parameter tensors, in the order
     `parameters()` gives them (the input side first for the usual models). Returns the number
@@ -27,7 +32,7 @@ def freeze_first(model: torch.nn.Module, fraction: float) -> int:
         raise ValueError(f"freeze_first: fraction (the share of parameter tensors frozen) must lie in [0, 1], "
                          f"got {fraction}")
     params = [p for p in model.parameters()]
-    n = int(len(params) * fraction)
+    n = _frozen_count(len(params), fraction)
     for p in params[:n]:
         p.requires_grad_(False)
         p.grad = None
@@ -59,7 +64,7 @@ class LayerFreezing(Algorithm):
         want = self.fraction * (p - start) / (1.0 - start) if self.ramp and start < 1.0 else self.fraction
         if self._tensors is None:
             self._tensors = sum(1 for _ in state.model.parameters())
-        if int(self._tensors * want) == self.frozen:
+        if _frozen_count(self._tensors, want) == self.frozen:
             return   # nothing new to freeze: no walk over the parameters this batch
         n = freeze_first(state.model, want)
         self.frozen = n
