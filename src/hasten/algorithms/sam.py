@@ -21,7 +21,7 @@ import torch
 
 from ..core import Algorithm
 from ..registry import register_algorithm
-from .selective_backprop import restore_running_stats, running_stats_of
+from ._bn_stats import restore_running_stats, running_stats_of
 
 RUNNING_STATS = ("both", "first")
 

@@ -26,11 +26,11 @@ from __future__ import annotations
 import contextlib
 
 import torch
-from torch.nn.modules.batchnorm import _BatchNorm
 
 from ..core import Algorithm, Time
 from ..data.batches import batch_size, check_images, forward, index_batch
 from ..registry import register_algorithm
+from ._bn_stats import restore_running_stats, running_stats_of
 from .progressive_resizing import resize_batch
 
 
@@ -44,22 +44,6 @@ def select_hardest(losses: torch.Tensor, keep: float) -> torch.Tensor:
 
 
 RUNNING_STATS = ("both", "scoring", "training")
-
-
-def running_stats_of(model: torch.nn.Module) -> list:
-    """Copies of the running statistics (mean, variance, batch count) of every batch norm layer
-    in `model` that tracks them, for `restore_running_stats`."""
-    return [(m, [b.clone() for b in (m.running_mean, m.running_var, m.num_batches_tracked)])
-            for m in model.modules()
-            if isinstance(m, _BatchNorm) and m.track_running_stats and m.running_mean is not None]
-
-
-def restore_running_stats(saved: list) -> None:
-    """Put back the statistics `running_stats_of` copied, in place (the buffers stay the same tensors)."""
-    with torch.no_grad():
-        for m, values in saved:
-            for b, v in zip((m.running_mean, m.running_var, m.num_batches_tracked), values):
-                b.copy_(v)
 
 
 def per_sample_losses(model, state, batch, score_scale: float = 1.0) -> torch.Tensor:
