@@ -2,8 +2,9 @@
 
 Each step first scores the whole batch with a forward pass without gradients, then runs
 the normal forward and backward on the `keep` fraction with the highest loss. The scoring
-pass costs about a third of a training step, so with keep=0.5 a step costs about 5/6 of a
-full one, and the gradient concentrates on the samples the model gets most wrong. The
+pass costs about a quarter of a training step, so with keep=0.5 a step costs about 0.8 of a
+full one (docs/methods/selective_backprop.md), and the gradient concentrates on the samples
+the model gets most wrong. The
 scoring pass runs in training mode (batch norm uses batch statistics, as the step will).
 
 Both passes would update batch norm's running statistics, the last from the hardest samples
