@@ -39,10 +39,12 @@ def main() -> None:
     a = ap.parse_args()
     if a.batches < 1:
         sys.exit("sb_bn_stats: --batches must be at least 1")
+    from torch.optim.swa_utils import update_bn
+
+    from hasten.algorithms._bn_stats import restore_running_stats, running_stats_of
     from hasten.compress.pipeline import eval_trainer, load_trained, locate, open_session
     from hasten.errors import HastenError
     from hasten.runs import stored_recipe
-    from torch.nn.modules.batchnorm import _BatchNorm
     try:
         run_dir, ckpt = locate(a.run)
         session = open_session(stored_recipe(run_dir))
@@ -50,10 +52,9 @@ def main() -> None:
     except HastenError as e:
         sys.exit(f"sb_bn_stats: {e}")
     model = session.model
-    bns = [m for m in model.modules() if isinstance(m, _BatchNorm) and m.track_running_stats]
-    if not bns:
+    saved = running_stats_of(model)
+    if not saved:
         sys.exit("sb_bn_stats: the model has no batch norm layer that keeps running statistics")
-    trained = {id(m): (m.running_mean.clone(), m.running_var.clone(), m.momentum) for m in bns}
 
     batches = []
     for batch in session.built.train_dataloader:
@@ -65,7 +66,6 @@ def main() -> None:
     gen = torch.Generator().manual_seed(0)
     cuts = {"whole batches": [], "hardest half": [], "easiest half": [], "random half": []}
     model.train()
-    saved = [(m.running_mean.clone(), m.running_var.clone(), m.num_batches_tracked.clone()) for m in bns]
     with torch.no_grad():
         for x, y in batches:
             losses = F.cross_entropy(model(x).float(), y, reduction="none", label_smoothing=a.smoothing)
@@ -75,8 +75,7 @@ def main() -> None:
             cuts["hardest half"].append(order[:k])
             cuts["easiest half"].append(order[-k:])
             cuts["random half"].append(torch.randperm(x.shape[0], generator=gen)[:k])
-    for m, (rm, rv, nb) in zip(bns, saved):   # the scoring above updated them: put them back
-        m.running_mean.copy_(rm), m.running_var.copy_(rv), m.num_batches_tracked.copy_(nb)
+    restore_running_stats(saved)   # the scoring above updated them: put them back
 
     stamp = meta.get("timestamp")
     results = {}
@@ -88,23 +87,13 @@ def main() -> None:
         print(f"{label}: " + ", ".join(f"{k} {v:.4f}" for k, v in results[label].items()), flush=True)
 
     evaluate("as trained")
-    for label, idx in cuts.items():
-        for m in bns:
-            m.reset_running_stats()
-            m.momentum = None   # a plain average over the batches
-        model.train()
-        with torch.no_grad():
-            for (x, _), i in zip(batches, idx):
-                model(x.index_select(0, i))
+    for label, idx in cuts.items():   # torch's own re-estimation: a plain average over the cut batches
+        update_bn([x.index_select(0, i) for (x, _), i in zip(batches, idx)], model)
         evaluate(label)
-    for m in bns:
-        rm, rv, mom = trained[id(m)]
-        m.running_mean.copy_(rm), m.running_var.copy_(rv)
-        m.momentum = mom
 
     from common import write_results
     acc = next((k for k in results["as trained"] if k.endswith("acc")), None)
-    cols = [k for k in results["as trained"]]
+    cols = list(results["as trained"])
     lines = ["# Batch norm statistics for a model trained with selective backprop", "",
              f"Run: `{run_dir.name}` (recipe `{session.recipe.name}`), its final checkpoint; running statistics "
              f"re-estimated over {a.batches} training batches of {batches[0][0].shape[0]} (augmented as in "
