@@ -297,6 +297,70 @@ def test_selective_backprop_running_stats_come_from_the_chosen_pass(which):
     assert int(bn.num_batches_tracked) == int(bn_ref.num_batches_tracked)
 
 
+def _bn_net(d_in, momentum):
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(d_in, 16), nn.BatchNorm1d(16, momentum=momentum), nn.ReLU(), nn.Linear(16, 4))
+
+
+@pytest.mark.parametrize("momentum", [0.4, None])
+def test_selective_backprop_average_stats_are_torchs_update_bn_over_the_last_chosen_samples(momentum):
+    from torch.optim.swa_utils import update_bn
+    x, y = classification_data(n=96)
+    batches = [(x[i:i + 16], y[i:i + 16]) for i in range(0, 96, 16)]   # 6 steps; the last 3 averaged
+    model = _bn_net(x.shape[1], momentum)
+    ref = copy.deepcopy(model)
+    Trainer(model, batches, max_duration="6ba", device="cpu", algorithms=[SelectiveBackprop(0.25, average_stats=3)],
+            optimizers=lambda m: torch.optim.SGD(m.parameters(), lr=0.0)).fit()
+    # the reference: the hardest quarter of each of the last 3 batches, ranked by an independent copy (training
+    # mode, as the method scores), then torch's own re-estimation of batch norm's statistics over those
+    chosen = []
+    with torch.no_grad():
+        for xb, yb in batches[3:]:
+            ref.train()
+            chosen.append(xb[F.cross_entropy(ref(xb), yb, reduction="none").argsort(descending=True)[:4]])
+    update_bn(chosen, ref)
+    torch.testing.assert_close(model[1].running_mean, ref[1].running_mean)
+    torch.testing.assert_close(model[1].running_var, ref[1].running_var)
+
+
+def test_selective_backprop_average_stats_leave_the_earlier_statistics_alone_and_resume_exactly(tmp_path):
+    x, y = classification_data(n=96)
+    batches = [(x[i:i + 16], y[i:i + 16]) for i in range(0, 96, 16)]
+
+    def make(average, seen=None, stop_at=None, load=None):
+        class Watch(Algorithm):
+            def batch_end(self, state, logger):
+                if seen is not None:
+                    seen[state.timestamp.batch] = state.model[1].running_mean.clone()
+                if state.timestamp.batch == stop_at:
+                    state.stop_training = True
+        return Trainer(_bn_net(x.shape[1], 0.4), batches, max_duration="6ba", device="cpu", load_path=load,
+                       algorithms=[SelectiveBackprop(0.25, average_stats=average), Watch()],
+                       optimizers=lambda m: torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9))
+
+    averaged, plain = {}, {}
+    straight = make(3, averaged)
+    straight.fit()
+    make(0, plain).fit()
+    for b in (1, 2, 3):      # before the last 3 steps: the method's statistics without averaging
+        torch.testing.assert_close(averaged[b], plain[b], rtol=0, atol=0)
+    assert not torch.allclose(averaged[6], plain[6])
+    first = make(3, stop_at=4)                 # stopped inside the window, after its first step
+    first.fit()
+    resumed = make(3, load=str(first.save_checkpoint(tmp_path / "mid.pt")))
+    resumed.fit()
+    for name in ("running_mean", "running_var"):
+        torch.testing.assert_close(getattr(resumed.state.model[1], name), getattr(straight.state.model[1], name),
+                                   rtol=0, atol=0)
+
+
+def test_selective_backprop_average_stats_refuses_what_it_cannot_do():
+    with pytest.raises(ValueError, match="whole number"):
+        SelectiveBackprop(0.5, average_stats=-1)
+    with pytest.raises(ValueError, match="choose one"):
+        SelectiveBackprop(0.5, running_stats="scoring", average_stats=5)
+
+
 def test_selective_backprop_refuses_an_unknown_running_stats_choice():
     with pytest.raises(ValueError, match="running_stats must be one of"):
         SelectiveBackprop(0.5, running_stats="all")

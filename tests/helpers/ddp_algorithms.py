@@ -23,7 +23,7 @@ VISION = {"activation_swap": {"old": "relu", "new": "gelu"}, "blurpool": {"min_c
           "infobatch": {}, "label_smoothing": {}, "layer_freezing": {}, "lookahead": {"k": 2}, "mixup": {},
           "patch_whitening": {"num_images": 16}, "patch_whitening+train_bias_for": {"num_images": 16, "train_bias_for": "2ba"},
           "pool_reorder": {}, "progressive_resizing": {}, "proxy_selection": {"proxy": {"name": "resnet9", "width": 4}},
-          "sam": {}, "selective_backprop": {},
+          "sam": {}, "selective_backprop": {}, "selective_backprop+average_stats": {"average_stats": 2},
           "stochastic_depth": {"drop_rate": 0.2}, "swa": {"start": 0.5, "bn_batches": 2}, "tta": {"final_only": False}}
 
 
@@ -75,6 +75,12 @@ def main(out):
             dist.all_gather(ws, w)
             if not all(torch.equal(ws[0], v) for v in ws[1:]):
                 results[name] = "ranks disagree"
+            if name == "selective_backprop+average_stats":   # averaged over the ranks: the same statistics on each
+                stats = torch.cat([b.float().flatten() for n, b in tr.state.model.named_buffers() if "running_" in n])
+                every = [torch.zeros_like(stats) for _ in range(rt.world.size)]
+                dist.all_gather(every, stats)
+                if not all(torch.equal(every[0], v) for v in every[1:]):
+                    results[name] = "ranks' batch norm statistics disagree"
     if rt.world.is_main:
         with open(out, "w") as f:
             json.dump(results, f)

@@ -18,6 +18,13 @@ Functional form: `select_hardest(losses, keep)` -> the indices of the top `keep`
 `running_stats_of(model)` and `restore_running_stats(saved)` hold and put back batch norm's
 running statistics (for the same choice in a loop of your own).
 
+`average_stats=n` (0: off) makes batch norm's running statistics at the end of the run the plain
+average, over its last n steps, of the statistics of the samples each step trained on (the
+scoring pass's update undone in those steps; `average_running_stats`): a model trained on its
+hardest samples expects their statistics, and with a high momentum the running statistics
+otherwise hold the last two or three steps' (docs/methods/selective_backprop.md). It costs no
+extra pass.
+
 `score_scale` < 1 (image batches only) scores downscaled images (`resize_batch`, sides rounded
 to a multiple of 4 pixels): the scoring pass then costs about score_scale^2 of a full-size
 forward, and ranks the samples by their loss at that size.
@@ -31,7 +38,7 @@ import torch
 from ..core import Algorithm, Time
 from ..data.batches import batch_size, check_images, forward, index_batch
 from ..registry import register_algorithm
-from ._bn_stats import restore_running_stats, running_stats_of
+from ._bn_stats import average_running_stats, restore_running_stats, running_stats_of
 from .progressive_resizing import resize_batch
 
 
@@ -64,7 +71,7 @@ def per_sample_losses(model, state, batch, score_scale: float = 1.0) -> torch.Te
 @register_algorithm("selective_backprop")
 class SelectiveBackprop(Algorithm):
     def __init__(self, keep: float = 0.5, start: str = "0dur", end: str = "1dur", interrupt: int = 0,
-                 running_stats: str = "both", score_scale: float = 1.0):
+                 running_stats: str = "both", score_scale: float = 1.0, average_stats: int = 0):
         if not 0.0 < keep <= 1.0:
             raise ValueError(f"keep must lie in (0, 1], got {keep}")
         if not 0.0 < score_scale <= 1.0:
@@ -74,6 +81,13 @@ class SelectiveBackprop(Algorithm):
             raise ValueError(f"running_stats must be one of {', '.join(RUNNING_STATS)} (which pass updates "
                              f"batch norm's running statistics), got {running_stats!r}")
         self.running_stats = running_stats
+        if isinstance(average_stats, bool) or not isinstance(average_stats, int) or average_stats < 0:
+            raise ValueError(f"average_stats (the last steps whose batch-norm statistics are averaged; 0: off) must be "
+                             f"a whole number >= 0, got {average_stats!r}")
+        if average_stats and running_stats == "scoring":
+            raise ValueError("average_stats averages the statistics of the samples each step trained on, and "
+                             "running_stats='scoring' keeps those of the whole batch: choose one")
+        self.average_stats = average_stats
         self.keep, self.start, self.end, self.interrupt = keep, Time.parse(start), Time.parse(end), int(interrupt)
         self._forced = False
 
@@ -100,16 +114,36 @@ class SelectiveBackprop(Algorithm):
             return False
         return state.fraction_of(self.start) <= p < state.fraction_of(self.end)
 
+    def averaging_index(self, state) -> int | None:
+        """Where this step lies in the run's last `average_stats` steps (0 for the first of them),
+        or None outside them; read from the run's progress, so a resumed run picks it up."""
+        if not self.average_stats or self._forced:
+            return None
+        one = state.batch_fraction()
+        if one <= 0.0:
+            raise ValueError("selective_backprop: average_stats needs a run whose length in batches is known "
+                             "(max_duration in batches, or in epochs of a loader with a length); set average_stats=0")
+        left = round((1.0 - state.progress) / one)   # steps left, this one included
+        return self.average_stats - left if 1 <= left <= self.average_stats else None
+
     def wrap_step(self, step):
         def selective_step(state):
+            window = self.averaging_index(state)
+            model = state.forward_model
             if not self.active(state):
-                return step(state)
-            batch, model = state.batch, state.forward_model
-            before = running_stats_of(model) if self.running_stats == "training" else None
+                if window is None:
+                    return step(state)
+                before = running_stats_of(model)
+                step(state)
+                average_running_stats(before, window)
+                return
+            batch = state.batch
+            keep_from = "training" if window is not None else self.running_stats
+            before = running_stats_of(model) if keep_from == "training" else None
             losses = per_sample_losses(model, state, batch, self.score_scale)
             if before is not None:
                 restore_running_stats(before)
-            after_scoring = running_stats_of(model) if self.running_stats == "scoring" else None
+            after_scoring = running_stats_of(model) if keep_from == "scoring" else None
             state.batch = index_batch(batch, select_hardest(losses, self.keep))
             try:
                 step(state)
@@ -117,7 +151,9 @@ class SelectiveBackprop(Algorithm):
                 state.batch = batch
             if after_scoring is not None:
                 restore_running_stats(after_scoring)
+            if window is not None:
+                average_running_stats(before, window)
         return selective_step
 
 
-__all__ = ["select_hardest", "running_stats_of", "restore_running_stats", "SelectiveBackprop"]
+__all__ = ["select_hardest", "running_stats_of", "restore_running_stats", "average_running_stats", "SelectiveBackprop"]
