@@ -361,6 +361,62 @@ def test_selective_backprop_average_stats_refuses_what_it_cannot_do():
         SelectiveBackprop(0.5, running_stats="scoring", average_stats=5)
 
 
+def _sb_run(score_every, epochs=4, lr=0.0, load=None, stop_at=None, grads=None, forwards=None):
+    x, y = classification_data(n=64, d_in=8)
+    torch.manual_seed(0)
+    model = mlp()
+    if forwards is not None:
+        model.register_forward_hook(lambda *a: forwards.__setitem__(0, forwards[0] + 1))
+
+    class Watch(Algorithm):
+        def after_backward(self, state, logger):
+            if grads is not None:
+                grads.append(torch.cat([p.grad.flatten() for p in state.model.parameters()]).clone())
+
+        def batch_end(self, state, logger):
+            if state.timestamp.batch == stop_at:
+                state.stop_training = True
+    loader = make_dataloader(TensorPairs(x, y), 16, shuffle=True, seed=0, num_workers=0)
+    return Trainer(model, loader, max_duration=f"{epochs}ep", device="cpu", load_path=load,
+                   algorithms=[SelectiveBackprop(0.25, score_every=score_every), Watch()],
+                   optimizers=lambda m: torch.optim.SGD(m.parameters(), lr=lr, momentum=0.9 if lr else 0.0))
+
+
+def test_selective_backprop_score_every_ranks_by_recorded_losses_without_a_scoring_pass():
+    # without batch norm and with lr 0 a sample's loss never changes, so ranking by recorded losses must
+    # choose exactly the samples a fresh scoring pass chooses: the same gradient at every step
+    fresh_grads, recorded_grads, fresh_fw, recorded_fw = [], [], [0], [0]
+    _sb_run(1, grads=fresh_grads, forwards=fresh_fw).fit()
+    _sb_run(2, grads=recorded_grads, forwards=recorded_fw).fit()
+    assert len(fresh_grads) == len(recorded_grads) == 16
+    for a, b in zip(fresh_grads, recorded_grads):
+        torch.testing.assert_close(a, b)
+    assert fresh_fw[0] == 2 * 16                  # a scoring pass and a training pass each step
+    assert recorded_fw[0] == 2 * 8 + 8            # epochs 1 and 3 rank by recorded losses: no scoring pass
+
+
+def test_selective_backprop_score_every_resumes_exactly(tmp_path):
+    straight = _sb_run(2, lr=0.1)
+    straight.fit()
+    first = _sb_run(2, lr=0.1, stop_at=6)         # inside epoch 1, which ranks by recorded losses
+    first.fit()
+    resumed = _sb_run(2, lr=0.1, load=str(first.save_checkpoint(tmp_path / "mid.pt")))
+    resumed.fit()
+    for a, b in zip(straight.state.model.parameters(), resumed.state.model.parameters()):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+def test_selective_backprop_score_every_says_what_it_needs():
+    x, y = classification_data(n=32)
+    with pytest.raises(ValueError, match="carries sample indices"):
+        Trainer(mlp(), [(x, y)], max_duration="1ba", device="cpu",
+                algorithms=[SelectiveBackprop(0.5, score_every=2)]).fit()
+    with pytest.raises(ValueError, match="whole number"):
+        SelectiveBackprop(0.5, score_every=0)
+    assert "score_every=1" in SelectiveBackprop(0.5, score_every=2).ddp_refusal()
+    assert SelectiveBackprop(0.5).ddp_refusal() is None
+
+
 def test_selective_backprop_refuses_an_unknown_running_stats_choice():
     with pytest.raises(ValueError, match="running_stats must be one of"):
         SelectiveBackprop(0.5, running_stats="all")

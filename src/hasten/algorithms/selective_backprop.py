@@ -25,6 +25,13 @@ hardest samples expects their statistics, and with a high momentum the running s
 otherwise hold the last two or three steps' (docs/methods/selective_backprop.md). It costs no
 extra pass.
 
+`score_every=n` (1: every step scores its batch) scores afresh only in every n-th epoch counted from
+the first with selection; in the others each batch is ranked by the latest loss recorded for each
+of its samples, from the last scoring pass that saw it or the last training pass it was chosen
+for (a batch that holds a sample without one is scored afresh). Those steps skip the scoring
+pass. The loader must carry sample indices (hasten's `DeviceLoader` or `make_dataloader`); one
+process only for now.
+
 `score_scale` < 1 (image batches only) scores downscaled images (`resize_batch`, sides rounded
 to a multiple of 4 pixels): the scoring pass then costs about score_scale^2 of a full-size
 forward, and ranks the samples by their loss at that size.
@@ -36,6 +43,7 @@ import contextlib
 import torch
 
 from ..core import Algorithm, Time
+from ..data.resumable import TransformDataset, resumable_sampler
 from ..data.batches import batch_size, check_images, forward, index_batch
 from ..registry import register_algorithm
 from ._bn_stats import average_running_stats, restore_running_stats, running_stats_of
@@ -71,7 +79,8 @@ def per_sample_losses(model, state, batch, score_scale: float = 1.0) -> torch.Te
 @register_algorithm("selective_backprop")
 class SelectiveBackprop(Algorithm):
     def __init__(self, keep: float = 0.5, start: str = "0dur", end: str = "1dur", interrupt: int = 0,
-                 running_stats: str = "both", score_scale: float = 1.0, average_stats: int = 0):
+                 running_stats: str = "both", score_scale: float = 1.0, average_stats: int = 0,
+                 score_every: int = 1):
         if not 0.0 < keep <= 1.0:
             raise ValueError(f"keep must lie in (0, 1], got {keep}")
         if not 0.0 < score_scale <= 1.0:
@@ -88,6 +97,12 @@ class SelectiveBackprop(Algorithm):
             raise ValueError("average_stats averages the statistics of the samples each step trained on, and "
                              "running_stats='scoring' keeps those of the whole batch: choose one")
         self.average_stats = average_stats
+        if isinstance(score_every, bool) or not isinstance(score_every, int) or score_every < 1:
+            raise ValueError(f"score_every (score afresh every n-th epoch; 1: every step) must be a whole number >= 1, "
+                             f"got {score_every!r}")
+        self.score_every = score_every
+        self._scores = self._seen = self._first_epoch = self._state = None
+        self._recording = False
         self.keep, self.start, self.end, self.interrupt = keep, Time.parse(start), Time.parse(end), int(interrupt)
         self._forced = False
 
@@ -114,6 +129,75 @@ class SelectiveBackprop(Algorithm):
             return False
         return state.fraction_of(self.start) <= p < state.fraction_of(self.end)
 
+    # ------------------------------------------------------------------ recorded losses (score_every > 1)
+    def ddp_refusal(self) -> str | None:
+        if self.score_every > 1:
+            return ("score_every > 1 keeps each sample's latest loss in one process and does not share it across "
+                    "ranks yet; use score_every=1")
+        return None
+
+    def fit_start(self, state, logger):
+        if self.score_every == 1:
+            return
+        self._state = state
+        loader = state.train_dataloader
+        if hasattr(loader, "with_indices") and hasattr(loader, "num_samples"):      # DeviceLoader
+            loader.with_indices, n = True, loader.num_samples
+        elif (resumable_sampler(loader) is not None and isinstance(getattr(loader, "dataset", None), TransformDataset)):
+            loader.dataset.with_indices, n = True, len(loader.dataset)
+        else:
+            raise ValueError("selective_backprop with score_every > 1 needs a loader that carries sample indices: "
+                             "hasten.data.DeviceLoader or hasten.data.make_dataloader(...); or set score_every=1")
+        if self._scores is None or self._scores.shape[0] != n:
+            self._scores = torch.zeros(n, device=state.device)
+            self._seen = torch.zeros(n, dtype=torch.bool, device=state.device)
+        else:
+            self._scores, self._seen = self._scores.to(state.device), self._seen.to(state.device)
+
+    def wrap_loss(self, loss_fn):
+        if self.score_every == 1:
+            return loss_fn
+
+        def recording_loss(outputs, targets):
+            losses = loss_fn(outputs, targets)
+            if self._recording:   # the training pass on the chosen samples: their latest losses
+                self._record(self._state.micro_batch[-1], losses)
+            return losses
+        return recording_loss
+
+    def _record(self, indices: torch.Tensor, losses: torch.Tensor) -> None:
+        n = indices.shape[0]
+        if losses.dim() == 0 or losses.numel() % n:
+            raise ValueError("score_every > 1 needs per-sample (or per-token) losses from loss_fn; got a scalar")
+        with torch.no_grad():
+            indices = indices.to(self._scores.device)
+            self._scores.index_copy_(0, indices, losses.detach().view(n, -1).float().mean(1).to(self._scores.device))
+            self._seen.index_fill_(0, indices, True)
+
+    def _ranking(self, state, batch) -> torch.Tensor | None:
+        """The recorded losses of the batch's samples, when this step may rank by them; else None."""
+        if self.score_every == 1 or self._forced:
+            return None
+        epoch = state.timestamp.epoch
+        if self._first_epoch is None:
+            self._first_epoch = epoch
+        indices = batch[-1].to(self._scores.device)
+        if (epoch - self._first_epoch) % self.score_every == 0 or not bool(self._seen[indices].all()):
+            return None
+        return self._scores[indices]
+
+    def state_dict(self) -> dict:
+        if self._scores is None:
+            return {}
+        return {"scores": self._scores, "seen": self._seen,
+                "first_epoch": -1 if self._first_epoch is None else self._first_epoch}
+
+    def load_state_dict(self, sd: dict) -> None:
+        if sd:
+            self._scores, self._seen = sd["scores"].clone(), sd["seen"].clone()
+            self._first_epoch = None if int(sd["first_epoch"]) < 0 else int(sd["first_epoch"])
+
+    # ------------------------------------------------------------------ the step
     def averaging_index(self, state) -> int | None:
         """Where this step lies in the run's last `average_stats` steps (0 for the first of them),
         or None outside them; read from the run's progress, so a resumed run picks it up."""
@@ -138,17 +222,25 @@ class SelectiveBackprop(Algorithm):
                 average_running_stats(before, window)
                 return
             batch = state.batch
-            keep_from = "training" if window is not None else self.running_stats
-            before = running_stats_of(model) if keep_from == "training" else None
-            losses = per_sample_losses(model, state, batch, self.score_scale)
-            if before is not None:
-                restore_running_stats(before)
-            after_scoring = running_stats_of(model) if keep_from == "scoring" else None
+            losses = self._ranking(state, batch)
+            before = after_scoring = None
+            if losses is None:   # score the batch
+                keep_from = "training" if window is not None else self.running_stats
+                before = running_stats_of(model) if keep_from == "training" else None
+                losses = per_sample_losses(model, state, batch, self.score_scale)
+                if before is not None:
+                    restore_running_stats(before)
+                after_scoring = running_stats_of(model) if keep_from == "scoring" else None
+                if self._scores is not None and not self._forced:
+                    self._record(batch[-1], losses)
+            elif window is not None:
+                before = running_stats_of(model)
             state.batch = index_batch(batch, select_hardest(losses, self.keep))
+            self._recording = self._scores is not None and not self._forced
             try:
                 step(state)
             finally:
-                state.batch = batch
+                state.batch, self._recording = batch, False
             if after_scoring is not None:
                 restore_running_stats(after_scoring)
             if window is not None:
