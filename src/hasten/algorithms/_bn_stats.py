@@ -40,13 +40,13 @@ def average_running_stats(before: list, steps_before: int, across_ranks: bool = 
     if not before:
         return
     with torch.no_grad():
-        passes = torch.stack([m.num_batches_tracked - n0 for m, (_, _, n0) in before]).tolist()
+        counts = torch.stack([torch.stack([n0, m.num_batches_tracked]) for m, (_, _, n0) in before]).tolist()
         changed = []
-        for (m, (mean0, var0, n0)), p in zip(before, passes):
+        for (m, (mean0, var0, _)), (old, now) in zip(before, counts):   # passes counted before and after the step
+            p = now - old
             if p <= 0:
                 continue   # the layer did not run in this step
             if m.momentum is None:   # cumulative average over num_batches_tracked passes
-                old = int(m.num_batches_tracked) - p
                 this = [r + (r - s) * (old / p) for r, s in ((m.running_mean, mean0), (m.running_var, var0))]
             else:
                 kept = (1.0 - m.momentum) ** p   # weight of the statistics before the step

@@ -29,7 +29,7 @@ import torch
 from torch.utils.data import Sampler
 
 from ..core import Algorithm, as_time
-from ..data.resumable import TransformDataset, epoch_order, resumable_sampler
+from ..data.resumable import carry_sample_indices, epoch_order
 from ..registry import register_algorithm
 from ..seeding import derive_seed
 
@@ -240,26 +240,6 @@ class _PrunedSampler(Sampler):
         self._next_epoch = int(epoch)
 
 
-def attach(loader, pruner) -> None:
-    """Make a hasten loader train on the pruner's plan and carry sample indices in batches."""
-    if hasattr(loader, "selector") and hasattr(loader, "with_indices"):      # DeviceLoader
-        loader.selector, loader.with_indices = pruner, True
-        return
-    found = resumable_sampler(loader)
-    dataset = getattr(loader, "dataset", None)
-    if found is not None and isinstance(dataset, TransformDataset):
-        found[0].selector, dataset.with_indices = pruner, True
-        return
-    raise TypeError("InfoBatch in the Trainer needs a loader it can steer: hasten.data.DeviceLoader or "
-                    "hasten.data.make_dataloader(...); in a plain loop use InfoBatchPruner.sampler")
-
-
-def loader_size(loader) -> int:
-    if hasattr(loader, "num_samples") and hasattr(loader, "selector"):
-        return loader.num_samples
-    return len(loader.dataset)
-
-
 @register_algorithm("infobatch")
 class InfoBatch(Algorithm):
     """The Trainer form. Logs per epoch: infobatch/kept, infobatch/pruned, infobatch/saved_fraction."""
@@ -272,16 +252,20 @@ class InfoBatch(Algorithm):
         self._pending: dict | None = None
 
     def fit_start(self, state, logger):
-        loader = state.train_dataloader
+        carrier = carry_sample_indices(state.train_dataloader)   # batches carry their sample indices
+        if carrier is None:
+            raise TypeError("InfoBatch in the Trainer needs a loader it can steer: hasten.data.DeviceLoader or "
+                            "hasten.data.make_dataloader(...); in a plain loop use InfoBatchPruner.sampler")
+        steered, num_samples = carrier
         world = state.runtime.world
         if self.pruner is None:
-            self.pruner = InfoBatchPruner(loader_size(loader), self.prune_ratio, state.fraction_of(self.delta),
+            self.pruner = InfoBatchPruner(num_samples, self.prune_ratio, state.fraction_of(self.delta),
                                           seed=state.seed, device=state.device, rank=world.rank,
                                           world_size=world.size)
         if self._pending is not None:
             self.pruner.load_state_dict(self._pending)
             self._pending = None
-        attach(loader, self.pruner)
+        steered.selector = self.pruner   # the loader trains on the pruner's plan
 
     def epoch_start(self, state, logger):
         logger.log(self.pruner.start_epoch(state.timestamp.epoch, state.progress))

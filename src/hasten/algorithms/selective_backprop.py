@@ -43,7 +43,7 @@ import contextlib
 import torch
 
 from ..core import Algorithm, Time
-from ..data.resumable import TransformDataset, resumable_sampler
+from ..data.resumable import carry_sample_indices
 from ..data.batches import batch_size, check_images, forward, index_batch
 from ..registry import register_algorithm
 from ._bn_stats import average_running_stats, restore_running_stats, running_stats_of
@@ -140,14 +140,11 @@ class SelectiveBackprop(Algorithm):
         if self.score_every == 1:
             return
         self._state = state
-        loader = state.train_dataloader
-        if hasattr(loader, "with_indices") and hasattr(loader, "num_samples"):      # DeviceLoader
-            loader.with_indices, n = True, loader.num_samples
-        elif (resumable_sampler(loader) is not None and isinstance(getattr(loader, "dataset", None), TransformDataset)):
-            loader.dataset.with_indices, n = True, len(loader.dataset)
-        else:
+        carrier = carry_sample_indices(state.train_dataloader)
+        if carrier is None:
             raise ValueError("selective_backprop with score_every > 1 needs a loader that carries sample indices: "
                              "hasten.data.DeviceLoader or hasten.data.make_dataloader(...); or set score_every=1")
+        n = carrier[1]
         if self._scores is None or self._scores.shape[0] != n:
             self._scores = torch.zeros(n, device=state.device)
             self._seen = torch.zeros(n, dtype=torch.bool, device=state.device)

@@ -157,6 +157,23 @@ def resumable_sampler(loader) -> "tuple[ResumableSampler, int] | None":
     return None
 
 
+def carry_sample_indices(loader) -> "tuple[object, int] | None":
+    """Make a hasten loader's batches carry their sample indices, `(inputs, targets, indices)`,
+    for methods that keep something per sample (InfoBatch's scores, selective backprop's recorded
+    losses). Returns the object that takes a `selector` for the samples of an epoch (the
+    DeviceLoader itself, or make_dataloader's ResumableSampler) and the number of samples; None,
+    with nothing changed, for a loader that cannot carry them."""
+    if hasattr(loader, "selector") and hasattr(loader, "with_indices"):      # DeviceLoader
+        loader.with_indices = True
+        return loader, loader.num_samples
+    found = resumable_sampler(loader)
+    dataset = getattr(loader, "dataset", None)
+    if found is not None and isinstance(dataset, TransformDataset):
+        dataset.with_indices = True
+        return found[0], len(dataset)
+    return None
+
+
 def epoch_iterator(loader, seed: int, epoch: int, skip_batches: int = 0) -> Iterator:
     """Start epoch `epoch` of `loader`, `skip_batches` batches in.
 
