@@ -247,7 +247,7 @@ def test_every_packaged_algorithm_runs_under_ddp_or_is_refused_with_a_reason(tmp
     # none is refused today: InfoBatch shares its scores across ranks; layer_freezing, which
     # freezes parameters a few at a time, gets DDP's find_unused_parameters; patch whitening's
     # bias, frozen once, gets a new wrapper without it (no graph walk per step after that)
-    assert all(v == "ok" for v in results.values()), results   # and the ranks agree
+    assert all(v == "ok" for v in results.values()), {n: v for n, v in results.items() if v != "ok"}   # ranks agree
     assert flags["patch_whitening+train_bias_for"] is False and flags["layer_freezing"] is True, flags
 
 
@@ -256,7 +256,8 @@ def test_every_packaged_algorithm_runs_under_fsdp_or_is_refused_with_a_reason(tm
     results = _algorithms_under(tmp_path, "fsdp")
     refused = {n for n, v in results.items() if v.startswith("refused: ")}
     assert refused == {"channels_last", "chunked_cross_entropy", "gradual_pruning"}, results
-    assert all(v == "ok" for n, v in results.items() if n not in refused), results   # and the ranks agree
+    assert all(v == "ok" for n, v in results.items() if n not in refused), \
+        {n: v for n, v in results.items() if n not in refused and v != "ok"}   # and the ranks agree
 
 
 def test_per_rank_batch_norm_is_ghost_batch_norm_of_the_per_rank_batch(tmp_path):

@@ -413,8 +413,7 @@ def test_selective_backprop_score_every_says_what_it_needs():
                 algorithms=[SelectiveBackprop(0.5, score_every=2)]).fit()
     with pytest.raises(ValueError, match="whole number"):
         SelectiveBackprop(0.5, score_every=0)
-    assert "score_every=1" in SelectiveBackprop(0.5, score_every=2).ddp_refusal()
-    assert SelectiveBackprop(0.5).ddp_refusal() is None
+    assert SelectiveBackprop(0.5, score_every=2).ddp_refusal() is None   # shared across ranks (test_distributed)
 
 
 def test_selective_backprop_refuses_an_unknown_running_stats_choice():

@@ -24,21 +24,34 @@ VISION = {"activation_swap": {"old": "relu", "new": "gelu"}, "blurpool": {"min_c
           "patch_whitening": {"num_images": 16}, "patch_whitening+train_bias_for": {"num_images": 16, "train_bias_for": "2ba"},
           "pool_reorder": {}, "progressive_resizing": {}, "proxy_selection": {"proxy": {"name": "resnet9", "width": 4}},
           "sam": {}, "selective_backprop": {}, "selective_backprop+average_stats": {"average_stats": 2},
+          "selective_backprop+score_every": {"score_every": 2},
           "stochastic_depth": {"drop_rate": 0.2}, "swa": {"start": 0.5, "bn_batches": 2}, "tta": {"final_only": False}}
+
+
+FORWARDS = [0]
 
 
 def vision_run(name, params, rt):
     g = torch.Generator().manual_seed(0)
     x, y = torch.randn(48, 3, 16, 16, generator=g), torch.randint(0, 10, (48,), generator=g)
+    steps = "4ba"
     if name == "infobatch":
         from hasten.data import TensorPairs, make_dataloader
         data = make_dataloader(TensorPairs(x, y), 8, shuffle=True, seed=0, num_workers=0)   # InfoBatch adds indices
+    elif name == "selective_backprop+score_every":
+        # 50 samples, 6 whole batches of 8 an epoch: 2 left out of each epoch, so in the second some
+        # batches hold a sample no rank has a loss for, on one rank and not the other
+        from hasten.data import TensorPairs, make_dataloader
+        x, y = torch.randn(50, 3, 16, 16, generator=g), torch.randint(0, 10, (50,), generator=g)
+        data, steps = make_dataloader(TensorPairs(x, y), 8, shuffle=True, seed=0, num_workers=0, drop_last=True), "12ba"
     else:
         data = [(x[i:i + 8], y[i:i + 8]) for i in range(0, 48, 8)]
     algo = REGISTRY[name.split("+")[0]](**params)
     model = (MODELS["speedrun"](widths=(8, 16, 16)) if name.startswith("patch_whitening")
              else MODELS["resnet9"](width=8))
-    return Trainer(model, data, max_duration="4ba", eval_dataloader=data[:2] if isinstance(data, list) else None,
+    if name == "selective_backprop+score_every":   # training passes, scoring passes included
+        model.register_forward_hook(lambda *a: FORWARDS.__setitem__(0, FORWARDS[0] + 1))
+    return Trainer(model, data, max_duration=steps, eval_dataloader=data[:2] if isinstance(data, list) else None,
                    eval_interval="2ba", algorithms=[algo], runtime=rt,
                    optimizers=lambda m: torch.optim.SGD(m.parameters(), lr=0.01, momentum=0.9))
 
@@ -81,6 +94,15 @@ def main(out):
                 dist.all_gather(every, stats)
                 if not all(torch.equal(every[0], v) for v in every[1:]):
                     results[name] = "ranks' batch norm statistics disagree"
+            if name == "selective_backprop+score_every":   # every rank holds every rank's latest losses
+                algo = tr.state.algorithms[0]
+                records = torch.cat([algo._scores, algo._seen.float(), torch.tensor([float(FORWARDS[0])])])
+                every = [torch.zeros_like(records) for _ in range(rt.world.size)]
+                dist.all_gather(every, records)
+                if not all(torch.equal(every[0], v) for v in every[1:]):
+                    results[name] = "ranks' recorded losses (or their passes) disagree"
+                elif int(algo._seen[:50].sum()) < 48 or not FORWARDS[0] < 24:   # epoch 0 saw 48 of 50 on the two ranks
+                    results[name] = f"not shared: {int(algo._seen[:50].sum())} samples recorded, {FORWARDS[0]} forwards"
     if rt.world.is_main:
         with open(out, "w") as f:
             json.dump(results, f)

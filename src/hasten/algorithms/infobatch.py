@@ -30,6 +30,7 @@ from torch.utils.data import Sampler
 
 from ..core import Algorithm, as_time
 from ..data.resumable import carry_sample_indices, epoch_order
+from ..distributed.tensors import gather_indexed
 from ..registry import register_algorithm
 from ..seeding import derive_seed
 
@@ -147,28 +148,13 @@ class InfoBatchPruner:
         with torch.no_grad():
             values, where = losses.detach().float(), indices
             if self.world_size > 1:
-                values, where = self._gather(values, indices, pad_to)
+                values, where = gather_indexed(values, indices, self.world_size,
+                                                   values.shape[0] if pad_to is None else int(pad_to), self.num_samples)
             self.scores.index_copy_(0, where, values)
             self.seen.index_fill_(0, where, True)
         if self.weights is None:
             return losses
         return losses * self.weights.index_select(0, indices).to(losses.dtype)
-
-    def _gather(self, values: torch.Tensor, indices: torch.Tensor, pad_to: int | None):
-        """Every rank's (loss, sample index) pairs: one all-gather of a (2, pad_to) float64 block
-        per rank (indices are exact in float64), padding pointed at the spare slot."""
-        n = values.shape[0]
-        size = n if pad_to is None else int(pad_to)
-        if size < n:
-            raise ValueError(f"pad_to={pad_to} is smaller than this rank's {n} samples")
-        block = torch.empty(2, size, dtype=torch.float64, device=self.device)
-        block[0, :n], block[0, n:] = values, 0.0
-        block[1, :n], block[1, n:] = indices, float(self.num_samples)
-        every = torch.empty(self.world_size * 2, size, dtype=torch.float64, device=self.device)
-        dist = torch.distributed   # all_gather_single: torch 2.13's name of all_gather_into_tensor
-        (getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor)(every, block)
-        every = every.view(self.world_size, 2, size)
-        return every[:, 0].flatten().float(), every[:, 1].flatten().long()
 
     def loss(self, losses: torch.Tensor, indices: torch.Tensor | None = None) -> torch.Tensor:
         """Plain-loop form: update the scores and return the rescaled mean loss."""

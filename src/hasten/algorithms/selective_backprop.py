@@ -29,8 +29,10 @@ extra pass.
 the first with selection; in the others each batch is ranked by the latest loss recorded for each
 of its samples, from the last scoring pass that saw it or the last training pass it was chosen
 for (a batch that holds a sample without one is scored afresh). Those steps skip the scoring
-pass. The loader must carry sample indices (hasten's `DeviceLoader` or `make_dataloader`); one
-process only for now.
+pass. The loader must carry sample indices (hasten's `DeviceLoader` or `make_dataloader`). Under
+torch.distributed every rank records every rank's losses (one all-gather of losses and sample
+indices per pass, as InfoBatch does), so each rank can rank whatever samples the next epoch deals
+it, and the ranks agree on which steps score afresh (one all-reduce of a count per ranked step).
 
 `score_scale` < 1 (image batches only) scores downscaled images (`resize_batch`, sides rounded
 to a multiple of 4 pixels): the scoring pass then costs about score_scale^2 of a full-size
@@ -45,6 +47,8 @@ import torch
 from ..core import Algorithm, Time
 from ..data.resumable import carry_sample_indices
 from ..data.batches import batch_size, check_images, forward, index_batch
+from ..distributed.tensors import gather_indexed
+from ..distributed.world import all_sum
 from ..registry import register_algorithm
 from ._bn_stats import average_running_stats, restore_running_stats, running_stats_of
 from .progressive_resizing import resize_batch
@@ -101,7 +105,7 @@ class SelectiveBackprop(Algorithm):
             raise ValueError(f"score_every (score afresh every n-th epoch; 1: every step) must be a whole number >= 1, "
                              f"got {score_every!r}")
         self.score_every = score_every
-        self._scores = self._seen = self._first_epoch = self._state = None
+        self._scores = self._seen = self._first_epoch = self._state = self._world = None
         self._recording = False
         self.keep, self.start, self.end, self.interrupt = keep, Time.parse(start), Time.parse(end), int(interrupt)
         self._forced = False
@@ -130,12 +134,6 @@ class SelectiveBackprop(Algorithm):
         return state.fraction_of(self.start) <= p < state.fraction_of(self.end)
 
     # ------------------------------------------------------------------ recorded losses (score_every > 1)
-    def ddp_refusal(self) -> str | None:
-        if self.score_every > 1:
-            return ("score_every > 1 keeps each sample's latest loss in one process and does not share it across "
-                    "ranks yet; use score_every=1")
-        return None
-
     def fit_start(self, state, logger):
         if self.score_every == 1:
             return
@@ -145,10 +143,15 @@ class SelectiveBackprop(Algorithm):
             raise ValueError("selective_backprop with score_every > 1 needs a loader that carries sample indices: "
                              "hasten.data.DeviceLoader or hasten.data.make_dataloader(...); or set score_every=1")
         n = carrier[1]
-        if self._scores is None or self._scores.shape[0] != n:
-            self._scores = torch.zeros(n, device=state.device)
-            self._seen = torch.zeros(n, dtype=torch.bool, device=state.device)
+        self._world = state.runtime.world if state.runtime is not None else None
+        # one spare slot at the end (index n): where the padding of the ranks' all-gather lands
+        if self._scores is None or self._scores.shape[0] not in (n, n + 1):
+            self._scores = torch.zeros(n + 1, device=state.device)
+            self._seen = torch.zeros(n + 1, dtype=torch.bool, device=state.device)
         else:
+            if self._scores.shape[0] == n:   # a checkpoint from before the spare slot
+                self._scores = torch.cat([self._scores, self._scores.new_zeros(1)])
+                self._seen = torch.cat([self._seen, self._seen.new_zeros(1)])
             self._scores, self._seen = self._scores.to(state.device), self._seen.to(state.device)
 
     def wrap_loss(self, loss_fn):
@@ -168,7 +171,12 @@ class SelectiveBackprop(Algorithm):
             raise ValueError("score_every > 1 needs per-sample (or per-token) losses from loss_fn; got a scalar")
         with torch.no_grad():
             indices = indices.to(self._scores.device)
-            self._scores.index_copy_(0, indices, losses.detach().view(n, -1).float().mean(1).to(self._scores.device))
+            values = losses.detach().view(n, -1).float().mean(1).to(self._scores.device)
+            world = self._world
+            if world is not None and world.size > 1:   # every rank records every rank's samples
+                share = -(-self._state.global_batch_size // world.size)   # the largest share a rank may hold
+                values, indices = gather_indexed(values, indices, world.size, share, self._scores.shape[0] - 1)
+            self._scores.index_copy_(0, indices, values)
             self._seen.index_fill_(0, indices, True)
 
     def _ranking(self, state, batch) -> torch.Tensor | None:
@@ -178,10 +186,14 @@ class SelectiveBackprop(Algorithm):
         epoch = state.timestamp.epoch
         if self._first_epoch is None:
             self._first_epoch = epoch
-        indices = batch[-1].to(self._scores.device)
-        if (epoch - self._first_epoch) % self.score_every == 0 or not bool(self._seen[indices].all()):
+        if (epoch - self._first_epoch) % self.score_every == 0:
             return None
-        return self._scores[indices]
+        indices = batch[-1].to(self._scores.device)
+        unseen = float((~self._seen[indices]).sum())
+        world = self._world
+        if world is not None and world.size > 1:   # the ranks score together or not at all
+            unseen = all_sum(state.device, unseen)
+        return None if unseen else self._scores[indices]
 
     def state_dict(self) -> dict:
         if self._scores is None:

@@ -37,3 +37,23 @@ def gather_whole(obj):
     if isinstance(obj, (list, tuple)):
         return type(obj)(gather_whole(v) for v in obj)
     return obj
+
+
+def gather_indexed(values: torch.Tensor, indices: torch.Tensor, world_size: int, pad_to: int,
+                   spare: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Every rank's (value, sample index) pairs, for state kept per sample on every rank (the
+    latest loss of each sample). One all-gather of a (2, pad_to) float64 block per rank: indices
+    are exact in float64; a rank holding fewer than `pad_to` pairs pads with value 0 at index
+    `spare` (a slot the caller keeps for it). Every rank calls it with the same `pad_to`.
+    Returns (values as float32, indices as int64), world_size * pad_to of each."""
+    n = values.shape[0]
+    if pad_to < n:
+        raise ValueError(f"pad_to={pad_to} is smaller than this rank's {n} samples")
+    block = torch.empty(2, pad_to, dtype=torch.float64, device=values.device)
+    block[0, :n], block[0, n:] = values, 0.0
+    block[1, :n], block[1, n:] = indices.to(values.device), float(spare)
+    every = torch.empty(world_size * 2, pad_to, dtype=torch.float64, device=values.device)
+    import torch.distributed as dist   # all_gather_single: torch 2.13's name of all_gather_into_tensor
+    (getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor)(every, block)
+    every = every.view(world_size, 2, pad_to)
+    return every[:, 0].flatten().float(), every[:, 1].flatten().long()
