@@ -361,7 +361,7 @@ def test_selective_backprop_average_stats_refuses_what_it_cannot_do():
         SelectiveBackprop(0.5, running_stats="scoring", average_stats=5)
 
 
-def _sb_run(score_every, epochs=4, lr=0.0, load=None, stop_at=None, grads=None, forwards=None):
+def _sb_run(score_every, epochs=4, lr=0.0, load=None, stop_at=None, grads=None, forwards=None, start="0dur"):
     x, y = classification_data(n=64, d_in=8)
     torch.manual_seed(0)
     model = mlp()
@@ -378,7 +378,7 @@ def _sb_run(score_every, epochs=4, lr=0.0, load=None, stop_at=None, grads=None, 
                 state.stop_training = True
     loader = make_dataloader(TensorPairs(x, y), 16, shuffle=True, seed=0, num_workers=0)
     return Trainer(model, loader, max_duration=f"{epochs}ep", device="cpu", load_path=load,
-                   algorithms=[SelectiveBackprop(0.25, score_every=score_every), Watch()],
+                   algorithms=[SelectiveBackprop(0.25, score_every=score_every, start=start), Watch()],
                    optimizers=lambda m: torch.optim.SGD(m.parameters(), lr=lr, momentum=0.9 if lr else 0.0))
 
 
@@ -393,6 +393,20 @@ def test_selective_backprop_score_every_ranks_by_recorded_losses_without_a_scori
         torch.testing.assert_close(a, b)
     assert fresh_fw[0] == 2 * 16                  # a scoring pass and a training pass each step
     assert recorded_fw[0] == 2 * 8 + 8            # epochs 1 and 3 rank by recorded losses: no scoring pass
+
+
+def test_selective_backprop_score_every_ranks_by_the_losses_of_full_steps_too():
+    # selection from half-way through epoch 1: the full steps before it record their samples' losses,
+    # so epoch 2 (ranked) holds no sample without a record and runs no scoring pass; with lr 0 and no
+    # batch norm those records choose what fresh scoring chooses
+    fresh_grads, recorded_grads, fresh_fw, recorded_fw = [], [], [0], [0]
+    _sb_run(1, grads=fresh_grads, forwards=fresh_fw, start="0.375dur").fit()
+    _sb_run(2, grads=recorded_grads, forwards=recorded_fw, start="0.375dur").fit()
+    assert len(fresh_grads) == len(recorded_grads) == 16
+    for a, b in zip(fresh_grads, recorded_grads):
+        torch.testing.assert_close(a, b)
+    assert fresh_fw[0] == 6 + 2 * 10              # 6 full steps, then a scoring and a training pass each
+    assert recorded_fw[0] == 6 + 2 * 2 + 4 + 2 * 4   # epoch 1's last 2 and epoch 3 scored; epoch 2 ranked
 
 
 def test_selective_backprop_score_every_resumes_exactly(tmp_path):

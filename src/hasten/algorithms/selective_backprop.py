@@ -27,8 +27,9 @@ extra pass.
 
 `score_every=n` (1: every step scores its batch) scores afresh only in every n-th epoch counted from
 the first with selection; in the others each batch is ranked by the latest loss recorded for each
-of its samples, from the last scoring pass that saw it or the last training pass it was chosen
-for (a batch that holds a sample without one is scored afresh). Those steps skip the scoring
+of its samples, from the last pass that computed it: a scoring pass, a training pass it was chosen
+for, or a full step (before selection starts, or an `interrupt` step). A batch that holds a sample
+without one is scored afresh. Those steps skip the scoring
 pass. The loader must carry sample indices (hasten's `DeviceLoader` or `make_dataloader`). Under
 torch.distributed every rank records every rank's losses (one all-gather of losses and sample
 indices per pass, as InfoBatch does), so each rank can rank whatever samples the next epoch deals
@@ -160,7 +161,7 @@ class SelectiveBackprop(Algorithm):
 
         def recording_loss(outputs, targets):
             losses = loss_fn(outputs, targets)
-            if self._recording:   # the training pass on the chosen samples: their latest losses
+            if self._recording:   # a training pass (on the chosen samples, or a full step): their latest losses
                 self._record(self._state.micro_batch[-1], losses)
             return losses
         return recording_loss
@@ -223,13 +224,17 @@ class SelectiveBackprop(Algorithm):
         def selective_step(state):
             window = self.averaging_index(state)
             model = state.forward_model
-            if not self.active(state):
-                if window is None:
-                    return step(state)
-                before = running_stats_of(model)
-                step(state)
-                average_running_stats(before, window)
-                return
+            if not self.active(state):   # a full step: its losses are its samples' latest too
+                self._recording = self._scores is not None
+                try:
+                    if window is None:
+                        return step(state)
+                    before = running_stats_of(model)
+                    step(state)
+                    average_running_stats(before, window)
+                    return
+                finally:
+                    self._recording = False
             batch = state.batch
             losses = self._ranking(state, batch)
             before = after_scoring = None
