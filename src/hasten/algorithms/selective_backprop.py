@@ -106,7 +106,7 @@ class SelectiveBackprop(Algorithm):
             raise ValueError(f"score_every (score afresh every n-th epoch; 1: every step) must be a whole number >= 1, "
                              f"got {score_every!r}")
         self.score_every = score_every
-        self._scores = self._seen = self._first_epoch = self._state = self._world = None
+        self._scores = self._seen = self._first_epoch = self._state = None
         self._recording = False
         self.keep, self.start, self.end, self.interrupt = keep, Time.parse(start), Time.parse(end), int(interrupt)
         self._forced = False
@@ -144,7 +144,6 @@ class SelectiveBackprop(Algorithm):
             raise ValueError("selective_backprop with score_every > 1 needs a loader that carries sample indices: "
                              "hasten.data.DeviceLoader or hasten.data.make_dataloader(...); or set score_every=1")
         n = carrier[1]
-        self._world = state.runtime.world if state.runtime is not None else None
         # one spare slot at the end (index n): where the padding of the ranks' all-gather lands
         if self._scores is None or self._scores.shape[0] not in (n, n + 1):
             self._scores = torch.zeros(n + 1, device=state.device)
@@ -173,8 +172,8 @@ class SelectiveBackprop(Algorithm):
         with torch.no_grad():
             indices = indices.to(self._scores.device)
             values = losses.detach().view(n, -1).float().mean(1).to(self._scores.device)
-            world = self._world
-            if world is not None and world.size > 1:   # every rank records every rank's samples
+            world = self._state.runtime.world
+            if world.size > 1:   # every rank records every rank's samples
                 share = -(-self._state.global_batch_size // world.size)   # the largest share a rank may hold
                 values, indices = gather_indexed(values, indices, world.size, share, self._scores.shape[0] - 1)
             self._scores.index_copy_(0, indices, values)
@@ -191,8 +190,7 @@ class SelectiveBackprop(Algorithm):
             return None
         indices = batch[-1].to(self._scores.device)
         unseen = float((~self._seen[indices]).sum())
-        world = self._world
-        if world is not None and world.size > 1:   # the ranks score together or not at all
+        if state.runtime.world.size > 1:   # the ranks score together or not at all
             unseen = all_sum(state.device, unseen)
         return None if unseen else self._scores[indices]
 
