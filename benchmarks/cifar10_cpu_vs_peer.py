@@ -146,6 +146,7 @@ def main(argv=None) -> int:
         rows.append(f"| {label} | {len(runs)} | {_stats(acc)} | {_stats(t)} | {ratio} |")
         data["peer"]["hasten_malloc" if malloc else "default_malloc"] = [
             {"seed": r["seed"], "acc": r["acc_tta"], "timed_s": r["timed_s"], "parts_s": r["parts_s"]} for r in runs]
+    commits = ", ".join(sorted({((r.get("final") or {}).get("code") or {}).get("commit", "?")[:7] for r in ours}))
     md = (f"# `{args.recipe}` against {'airbench94_muon' if args.peer == 'muon' else 'the airbench94 CPU port'}\n\n"
           + ("Side by side on one GPU: the peer's seeds in one process after one untimed compiled warm-up run, "
              "then hasten's, each in its own process." if args.device == "cuda" else
@@ -156,10 +157,10 @@ def main(argv=None) -> int:
           "95% Welch interval on log times).\n\n"
           "| run | seeds | test acc (mean ± std, min–max) | timed s (mean ± std, min–max) | hasten / peer time |\n"
           "|---|---|---|---|---|\n" + "\n".join(rows) + "\n\n"
-          f"hasten's report: [bench/{args.name}/report.md](bench/{args.name}/report.md); "
-          f"peer runs: [bench/{args.name}/peer.jsonl](bench/{args.name}/peer.jsonl). hasten's runs ran at commit "
-          f"{', '.join(sorted({((r.get('final') or {}).get('code') or {}).get('commit', '?')[:7] for r in ours}))}; the table is "
-          "computed from the records by the command below"
+          + (f"hasten's report: [bench/{args.name}/report.md](bench/{args.name}/report.md); " if ours else "")
+          + f"peer runs: [bench/{args.name}/peer.jsonl](bench/{args.name}/peer.jsonl). "
+          + (f"hasten's runs ran at commit {commits}; " if ours else "No hasten runs under this name; ")
+          + "the table is computed from the records by the command below"
           + (" (`--report-only`: rendered where the command ran, from runs made on the machine the records name)"
              if args.report_only else "") + ".\n")
     j, m = write_results(args.name, data, md)
