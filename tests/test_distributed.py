@@ -309,6 +309,29 @@ def test_a_rank_that_dies_stops_the_other_with_an_error_naming_it():
     assert time.monotonic() - t0 < 60   # within the collective timeout (30 s), not a hang
 
 
+
+def test_lost_ranks_sees_a_peer_that_is_still_exiting_when_the_collective_fails(monkeypatch):
+    """A killed process closes its sockets before it is gone, so the failed collective can be
+    seen while the peer still runs: lost_ranks must look again for a moment, not answer 'none'."""
+    import torch.distributed as dist
+    from hasten.distributed.stop import StopCoordinator
+    from hasten.distributed.world import World
+    peer = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(0.5)"])
+    atexit.register(peer.kill)
+
+    class Store:
+        def get(self, key):
+            assert key == "hasten/rank1"
+            return f"{socket.gethostname()} {peer.pid}".encode()
+
+    monkeypatch.setattr(dist.distributed_c10d, "_get_default_store", lambda: Store())
+    stop = StopCoordinator(World(rank=0, size=1))
+    stop.world = World(rank=0, size=2)   # built as one process (no vote group), asked as rank 0 of two
+    t0 = time.monotonic()
+    assert stop.lost_ranks() == [1]   # still running when asked, gone (a zombie) within the grace
+    assert 0.2 < time.monotonic() - t0 < 5
+    peer.wait()
+
 def test_a_killed_two_process_run_resumes_under_two_and_under_one(tmp_path):
     """Killed with SIGKILL after batch 7 (checkpoint at batch 4): resumed with two processes
     it ends as the uninterrupted run; with one process, as the uninterrupted run to 1e-5."""

@@ -19,6 +19,7 @@ import signal
 import socket
 import sys
 import threading
+import time
 
 import torch
 
@@ -121,17 +122,20 @@ class StopCoordinator:
         return agreed
 
     # ------------------------------------------------------------------ lost ranks
-    def lost_ranks(self) -> list[int]:
+    def lost_ranks(self, grace_s: float = 2.0) -> list[int]:
         """The other ranks on this machine whose process is gone (ranks elsewhere cannot be
-        checked from here); empty in one process."""
+        checked from here); empty in one process. A killed process closes its sockets before
+        it is gone, so a collective can fail while its peer still looks alive: when none is
+        gone yet, look again for up to `grace_s` seconds (this runs only after a failure)."""
         if self.world.size <= 1:
             return []
         import torch.distributed as dist
-        lost, host = [], socket.gethostname()
+        host = socket.gethostname()
         try:
             store = dist.distributed_c10d._get_default_store()
         except Exception:
             return []
+        pids = {}   # rank -> process id, for the other ranks on this machine
         for r in range(self.world.size):
             if r == self.world.rank:
                 continue
@@ -139,9 +143,14 @@ class StopCoordinator:
                 where, pid = store.get(f"hasten/rank{r}").decode().rsplit(" ", 1)
             except Exception:
                 continue
-            if where == host and not process_alive(int(pid)):
-                lost.append(r)
-        return lost
+            if where == host:
+                pids[r] = int(pid)
+        deadline = time.monotonic() + grace_s
+        while True:
+            lost = [r for r, pid in pids.items() if not process_alive(pid)]
+            if lost or not pids or time.monotonic() >= deadline:
+                return lost
+            time.sleep(0.05)
 
     def close(self) -> None:
         """End of a fit: finish the last vote still in flight (before the process group can be
