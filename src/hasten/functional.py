@@ -8,7 +8,8 @@ Derived: every functional form each method module of `hasten.algorithms` exports
 `__all__` but its Algorithm), and the data augmentations and optimizer helpers below.
 """
 from . import algorithms as _algorithms
-from .data.augment import alternating_flip, cutout, flip_where, normalize, random_flip, random_translate, translate
+from .data.augment import (alternating_flip, brightness_contrast, cutout, flip_where, normalize,
+                           random_brightness_contrast, random_flip, random_translate, translate)
 from .optim.muon import muon_optimizers, split_for_muon
 from .optim.param_groups import param_groups
 from .optim.schedules import LRSchedule

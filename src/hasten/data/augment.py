@@ -9,6 +9,7 @@ building blocks of `DeviceLoader` and usable in any loop:
     x = hf.random_translate(x, 2, g)        # reflect-padded random crop back to size
     x = hf.random_flip(x, g)
     x = hf.cutout(x, 8, g)
+    x = hf.random_brightness_contrast(x, 0.1, 0.1, g)   # on normalised images
 """
 from __future__ import annotations
 
@@ -115,3 +116,40 @@ def cutout(x: torch.Tensor, size: int, generator: torch.Generator | None = None,
     lo = size // 2
     inside = (ys >= cy - lo) & (ys < cy - lo + size) & (xs >= cx - lo) & (xs < cx - lo + size)
     return _like(x, x.masked_fill(inside, 0))
+
+
+def brightness_contrast_factors(n: int, brightness: float, contrast: float, generator: torch.Generator | None = None,
+                                device: "torch.device | str" = "cpu") -> torch.Tensor:
+    """Per-image factors for `brightness_contrast`: a (2, n) float32 tensor of shifts, uniform in
+    [-brightness, brightness], and scales, uniform in [1 - contrast, 1 + contrast]."""
+    u = torch.rand(2, n, device=device, generator=generator) * 2 - 1
+    return torch.stack([u[0] * brightness, 1 + u[1] * contrast])
+
+
+def brightness_contrast(x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """Image i becomes (x[i] + shift[i]) * scale[i], every channel alike.
+
+    Meant for normalised images (zero mean, unit variance per channel over the data set): the
+    shift is then in units of the channels' standard deviation and the scale stretches the
+    contrast about the data set's mean colour. Done in float32, returned in x's dtype."""
+    n = x.shape[0]
+    out = (x.float() + shift.view(n, 1, 1, 1)) * scale.view(n, 1, 1, 1)
+    return _like(x, out.to(x.dtype))
+
+
+def random_brightness_contrast(x: torch.Tensor, brightness: float, contrast: float,
+                               generator: torch.Generator | None = None) -> torch.Tensor:
+    """Random per-image brightness shift in [-brightness, brightness] and contrast scale in
+    [1 - contrast, 1 + contrast] of a normalised batch (`brightness_contrast`)."""
+    check_jitter(brightness, contrast)
+    if not brightness and not contrast:
+        return x
+    f = brightness_contrast_factors(x.shape[0], brightness, contrast, generator, x.device)
+    return brightness_contrast(x, f[0], f[1])
+
+
+def check_jitter(brightness: float, contrast: float) -> None:
+    if not brightness >= 0:
+        raise ValueError(f"brightness (the largest shift, in standard deviations) must be >= 0, got {brightness}")
+    if not 0 <= contrast < 1:
+        raise ValueError(f"contrast (the largest relative change of contrast) must lie in [0, 1), got {contrast}")

@@ -3,7 +3,8 @@
 The whole dataset lives on the device as uint8 (CIFAR-10's 50,000 training images are
 150 MB). Each epoch draws a permutation on the device; each batch is gathered, normalised
 to the training dtype, put in channels-last if asked, and augmented as a whole batch
-(random translate with reflect padding, random or alternating flip, cutout), with no host
+(random translate with reflect padding, random or alternating flip, a random brightness shift
+and contrast scale per image, cutout), with no host
 synchronisation and no worker processes. On a CPU it removes the DataLoader's per-sample
 Python and collation; on a GPU, host-to-device copies.
 
@@ -32,12 +33,14 @@ from . import augment as A
 from .resumable import epoch_order
 
 FlipMode = Literal["none", "random", "alternate"]
+_JITTER_STREAM = 0x6A17   # the brightness and contrast draws' own stream: (seed, epoch, batch, this)
 
 
 class DeviceLoader:
     def __init__(self, images: torch.Tensor, labels: torch.Tensor, batch_size: int, *, mean=None, std=None,
                  device: "str | torch.device" = "cpu", dtype: torch.dtype = torch.float32,
                  channels_last: bool = False, translate: int = 0, flip: FlipMode = "none", cutout: int = 0,
+                 brightness: float = 0.0, contrast: float = 0.0,
                  shuffle: bool = True, drop_last: bool = False, seed: int = 0, with_indices: bool = False,
                  layout: Literal["auto", "nhwc", "nchw"] = "auto", rank: int = 0, world_size: int = 1):
         if images.dtype != torch.uint8:
@@ -59,6 +62,8 @@ class DeviceLoader:
         self.std = torch.as_tensor(std if std is not None else [255.0] * c, dtype=torch.float32, device=self.device).view(1, c, 1, 1)
         self.batch_size, self.dtype, self.channels_last = int(batch_size), dtype, channels_last
         self.translate, self.flip, self.cutout = int(translate), flip, int(cutout)
+        A.check_jitter(brightness, contrast)
+        self.brightness, self.contrast = float(brightness), float(contrast)
         self.shuffle, self.drop_last, self.seed, self.with_indices = shuffle, drop_last, seed, with_indices
         self.rank, self.world_size = rank, world_size
         self.selector = None
@@ -102,9 +107,10 @@ class DeviceLoader:
         """Gather, augment and normalise the samples `indices` (the global batch `batch_index`
         of `epoch`), or this rank's share of them under data parallelism.
 
-        Translation and flips are index gathers done on the uint8 images; cutout after
-        normalisation (zero is the mean there). Random numbers are drawn for the whole global
-        batch, then this rank's share of them is used.
+        Translation and flips are index gathers done on the uint8 images; brightness and
+        contrast after normalisation, then cutout (zero is the mean there). Random numbers are
+        drawn for the whole global batch, then this rank's share of them is used; brightness and
+        contrast draw from a stream of their own, so turning them on leaves every other draw as it was.
         """
         n = len(indices)
         part = slice(*share_range(n, self.rank, self.world_size)) if self.world_size > 1 else slice(None)
@@ -122,7 +128,12 @@ class DeviceLoader:
             x = A.translate(x, d[0], d[1], self.translate, "reflect", flip=flip)
         elif flip is not None:
             x = A.flip_where(x, flip)
-        x = ((x.float() - self.mean) / self.std).to(self.dtype)
+        x = (x.float() - self.mean) / self.std
+        if self.brightness or self.contrast:
+            gj = self._generator(self.seed, epoch, batch_index, _JITTER_STREAM)
+            f = A.brightness_contrast_factors(n, self.brightness, self.contrast, gj, self.device)[:, part]
+            x = A.brightness_contrast(x, f[0], f[1])
+        x = x.to(self.dtype)
         if self.cutout:
             h, w = x.shape[-2:]
             x = A.cutout(x, self.cutout, centres=A.cutout_centres(n, h, w, g, self.device)[:, part])

@@ -63,6 +63,10 @@ class DataConfig:
     """device loader: flip each image in alternate epochs."""
     cutout: int = setting(0, ge=0)
     """device loader: side of the zeroed square (0: none)."""
+    brightness: float = setting(0.0, ge=0)
+    """device loader: each image shifted by up to this many standard deviations, drawn anew each epoch (0: none)."""
+    contrast: float = setting(0.0, ge=0, lt=1)
+    """device loader: each normalised image scaled by 1 +- up to this, drawn anew each epoch (0: none)."""
     channels_last: bool = False
     """device loader: batches in channels-last memory format."""
     drop_last: bool = False
@@ -96,12 +100,10 @@ def _accuracy(classes: int):
 
 
 def _device_loaders(d: DataConfig, data, seed: int, device):
-    if d.cutout and d.loader != "device":
-        raise ConfigError("data.cutout needs data.loader=device")
     flip = ("alternate" if d.alternate_flip else "random") if d.flip else "none"
     common = dict(mean=MEAN, std=STD, device=device, channels_last=d.channels_last, seed=seed)
     train = DeviceLoader(data.train_x, data.train_y, d.batch_size, translate=d.pad, flip=flip, cutout=d.cutout,
-                         shuffle=True, drop_last=d.drop_last, **common)
+                         brightness=d.brightness, contrast=d.contrast, shuffle=True, drop_last=d.drop_last, **common)
     test = DeviceLoader(data.test_x, data.test_y, d.eval_batch_size, shuffle=False, **common)
     return train, test
 
@@ -155,8 +157,10 @@ def build(recipe, runtime) -> Built:
     if d.loader == "device":
         train, test = _device_loaders(d, data, seed, runtime.device)
     else:
-        if d.alternate_flip or d.cutout or d.channels_last:
-            raise ConfigError("data.alternate_flip, data.cutout and data.channels_last need data.loader=device")
+        device_only = [k for k in ("alternate_flip", "cutout", "brightness", "contrast", "channels_last") if getattr(d, k)]
+        if device_only:
+            raise ConfigError(f"{', '.join('data.' + k for k in device_only)} need{'s' if len(device_only) == 1 else ''} data.loader=device "
+                              f"(the whole-batch augmentations live in hasten's device loader)")
         train = make_dataloader(TensorPairs(data.train_x, data.train_y), d.batch_size, shuffle=True, seed=seed,
                                 transform=RandomCropFlip(MEAN, STD, pad=d.pad, flip=d.flip, mode=d.pad_mode),
                                 num_workers=d.num_workers, drop_last=d.drop_last)
