@@ -261,3 +261,15 @@ def test_a_missing_argument_names_only_what_is_required(capsys, command, named):
 ])
 def test_a_negative_bench_quantity_gets_the_options_own_one_line_error(capsys, args, needles):
     _one_line_error(capsys, main(["bench", str(TINY), *args]), 2, *needles)
+
+
+@pytest.mark.parametrize("overrides, needles", [
+    (["data.loader=dataloader", "data.brightness=0.1"], ["data.brightness needs data.loader=device"]),
+    (["data.loader=dataloader", "data.contrast=0.1", "data.cutout=4"], ["data.cutout, data.contrast need data.loader=device"]),
+    (["data.contrast=1"], ["data.contrast", "< 1"]),
+    (["data.brightness=-0.5"], ["data.brightness", ">= 0"]),
+])
+def test_brightness_and_contrast_out_of_range_or_without_the_device_loader(tmp_path, capsys, cifar_zip, overrides, needles):
+    code = main(["train", "cifar10-fast", f"data.path={cifar_zip}", f"trainer.run_dir={tmp_path / 'run'}",
+                 "--no-progress", "data.alternate_flip=false", "data.channels_last=false"] + overrides)
+    _one_line_error(capsys, code, 2, *needles)

@@ -63,6 +63,31 @@ def test_alternating_flip_flips_each_image_in_every_other_epoch():
         assert flipped == [bool(first[i]), not first[i], bool(first[i])]
 
 
+def _per_image_line(before, after):
+    """Least-squares fit after[i] = slope[i] * before[i] + intercept[i] over each image's pixels."""
+    b, a = before.flatten(1).double(), after.flatten(1).double()
+    bc, ac = b - b.mean(1, keepdim=True), a - a.mean(1, keepdim=True)
+    slope = (bc * ac).sum(1) / (bc * bc).sum(1)
+    return slope, a.mean(1) - slope * b.mean(1)
+
+
+def test_brightness_contrast_is_one_shift_then_one_scale_per_image_within_the_bounds():
+    x = _images(400)
+    out = hf.random_brightness_contrast(x, 0.3, 0.2, torch.Generator().manual_seed(0))
+    slope, intercept = _per_image_line(x, out)
+    resid = out.double() - (slope.view(-1, 1, 1, 1) * x.double() + intercept.view(-1, 1, 1, 1))
+    assert resid.abs().max() < 1e-5                       # every pixel of an image moved by one affine map
+    assert slope.min() >= 0.8 and slope.max() <= 1.2      # contrast scale in [1 - 0.2, 1 + 0.2]
+    shift = intercept / slope
+    assert shift.abs().max() <= 0.3 + 1e-6                # brightness shift in [-0.3, 0.3], before the scale
+    assert slope.min() < 0.85 and slope.max() > 1.15 and shift.min() < -0.25 and shift.max() > 0.25   # the range is used
+    assert hf.random_brightness_contrast(x, 0.0, 0.0) is x
+    with pytest.raises(ValueError, match="contrast"):
+        hf.random_brightness_contrast(x, 0.1, 1.0)
+    bf = hf.random_brightness_contrast(x.to(torch.bfloat16).contiguous(memory_format=torch.channels_last), 0.1, 0.1)
+    assert bf.dtype == torch.bfloat16 and bf.is_contiguous(memory_format=torch.channels_last)
+
+
 # ---------------------------------------------------------------------------- DeviceLoader
 def _uint8_data(n=50, seed=0):
     g = torch.Generator().manual_seed(seed)
@@ -112,6 +137,37 @@ def test_device_loader_selector_and_shards():
     shards = [DeviceLoader(x, y, 10, with_indices=True, rank=r, world_size=2) for r in range(2)]
     parts = [torch.cat([b[2] for b in s.iter_epoch(1)]) for s in shards]
     assert len(parts[0]) == len(parts[1]) == 25 and not set(parts[0].tolist()) & set(parts[1].tolist())
+
+
+def test_device_loader_brightness_and_contrast_leave_every_other_draw_as_it_was():
+    x, y = _uint8_data()
+    kw = dict(mean=(120.5,) * 3, std=(60.0,) * 3, translate=2, flip="random", seed=5)   # no pixel at the mean
+    plain = list(DeviceLoader(x, y, 16, **kw).iter_epoch(2))
+    shifted = list(DeviceLoader(x, y, 16, brightness=0.5, **kw).iter_epoch(2))
+    both = list(DeviceLoader(x, y, 16, brightness=0.5, contrast=0.3, **kw).iter_epoch(2))
+    for (p, yp), (s, ys), (b, _) in zip(plain, shifted, both):
+        assert torch.equal(yp, ys)
+        d = (s - p).flatten(1)                               # the same crops and flips, one shift per image
+        torch.testing.assert_close(d, d[:, :1].expand_as(d), rtol=0, atol=1e-5)
+        assert d[:, 0].abs().max() <= 0.5 and d[:, 0].abs().min() > 0
+        slope, _ = _per_image_line(p, b)
+        assert ((slope - 1).abs() <= 0.3 + 1e-6).all() and (slope - 1).abs().max() > 0.01
+    cut = [DeviceLoader(x, y, 16, cutout=3, brightness=j, **kw) for j in (0.0, 0.5)]
+    for (a, _), (b, _) in zip(cut[0].iter_epoch(1), cut[1].iter_epoch(1)):
+        assert torch.equal(a == 0, b == 0)                   # the same squares cut out, after the shift
+
+
+def test_device_loader_brightness_resumes_exactly_and_shards_are_slices_of_the_whole_batch():
+    x, y = _uint8_data()
+    kw = dict(translate=2, flip="alternate", brightness=0.2, contrast=0.2, seed=7)
+    whole = list(DeviceLoader(x, y, 20, **kw).iter_epoch(3))
+    again = list(DeviceLoader(x, y, 20, **kw).iter_epoch(3, skip_batches=1))
+    torch.testing.assert_close(whole[1][0], again[0][0], rtol=0, atol=0)
+    shares = [list(DeviceLoader(x, y, 20, rank=r, world_size=2, **kw).iter_epoch(3)) for r in range(2)]
+    for k, (xb, _) in enumerate(whole):
+        torch.testing.assert_close(torch.cat([shares[0][k][0], shares[1][k][0]]), xb, rtol=0, atol=0)
+    with pytest.raises(ValueError, match="brightness"):
+        DeviceLoader(x, y, 20, brightness=-0.1)
 
 
 # ---------------------------------------------------------------------------- methods
