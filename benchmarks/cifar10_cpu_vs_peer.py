@@ -1,5 +1,5 @@
 """`cifar10-fast` against a peer, side by side on one machine: airbench94_muon (the default,
-`--peer muon`, the strongest published procedure) or the older airbench94 (`--peer airbench94`).
+`--peer muon`, Keller Jordan's record procedure until 2025) or the older airbench94 (`--peer airbench94`).
 
 Runs alternate (peer seed 0, hasten seed 0, peer seed 1, ...), each in its own process, so
 slow spells of a shared machine fall on both. hasten's runs go through `hasten bench` (its

@@ -1,4 +1,4 @@
-"""The airbench94_muon CIFAR-10 procedure: the strongest published peer of `cifar10-fast`.
+"""The airbench94_muon CIFAR-10 procedure: the peer `cifar10-fast` is measured against.
 
 airbench94_muon (Keller Jordan, 2024; 94.01% in 2.59 s on an A100, 0.68x airbench94's time
 there) replaces airbench94's SGD and Lookahead with Muon on the convolution kernels. This
