@@ -8,7 +8,7 @@ results/fault_injection.{json,md}.
 
     python benchmarks/fault_injection.py [--only SUBSTRING] [--name fault_injection]
 
-About two minutes on two CPU cores; nothing needs a GPU or the network.
+About four minutes on two CPU cores (up to ten on a slow one); nothing needs a GPU or the network.
 """
 from __future__ import annotations
 
