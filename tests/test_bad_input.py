@@ -273,3 +273,9 @@ def test_brightness_and_contrast_out_of_range_or_without_the_device_loader(tmp_p
     code = main(["train", "cifar10-fast", f"data.path={cifar_zip}", f"trainer.run_dir={tmp_path / 'run'}",
                  "--no-progress", "data.alternate_flip=false", "data.channels_last=false"] + overrides)
     _one_line_error(capsys, code, 2, *needles)
+
+
+def test_an_image_folder_refuses_the_device_loaders_keys_instead_of_ignoring_them(tmp_path, capsys):
+    code = main(["train", "resnet50-imagenet-baseline", f"data.path={tmp_path}", "data.brightness=0.1", "data.cutout=8",
+                 f"trainer.run_dir={tmp_path / 'run'}", "--no-progress"])
+    _one_line_error(capsys, code, 2, "data.cutout, data.brightness: only hasten's device loader", "remove data.cutout, data.brightness")

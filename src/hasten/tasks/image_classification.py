@@ -99,6 +99,19 @@ def _accuracy(classes: int):
     return MulticlassAccuracy(classes, average="micro")
 
 
+def _refuse_device_only(d: DataConfig, imagefolder: bool = False) -> None:
+    """One line naming the data.* keys a host DataLoader would ignore: only hasten's device loader has them."""
+    device_only = [k for k in ("alternate_flip", "cutout", "brightness", "contrast", "channels_last") if getattr(d, k)]
+    if not device_only:
+        return
+    keys = ", ".join("data." + k for k in device_only)
+    if imagefolder:
+        raise ConfigError(f"{keys}: only hasten's device loader has {'it' if len(device_only) == 1 else 'them'}, and "
+                          f"data.dataset=imagefolder decodes images in DataLoader workers: remove {keys}")
+    raise ConfigError(f"{keys} need{'s' if len(device_only) == 1 else ''} data.loader=device "
+                      f"(only hasten's device loader has {'it' if len(device_only) == 1 else 'them'})")
+
+
 def _device_loaders(d: DataConfig, data, seed: int, device):
     flip = ("alternate" if d.alternate_flip else "random") if d.flip else "none"
     common = dict(mean=MEAN, std=STD, device=device, channels_last=d.channels_last, seed=seed)
@@ -112,6 +125,7 @@ def _build_imagefolder(recipe, runtime) -> Built:
     d: DataConfig = recipe.data
     if d.loader != "dataloader":
         raise ConfigError("data.dataset=imagefolder decodes images in DataLoader workers: use data.loader=dataloader")
+    _refuse_device_only(d, imagefolder=True)   # the workers' transforms have none of these
     if not d.path:
         raise ConfigError("data.dataset=imagefolder needs data.path=<root with train/ and val/ class folders>")
     train_set = ImageFolder(d.path, d.train_split)
@@ -157,10 +171,7 @@ def build(recipe, runtime) -> Built:
     if d.loader == "device":
         train, test = _device_loaders(d, data, seed, runtime.device)
     else:
-        device_only = [k for k in ("alternate_flip", "cutout", "brightness", "contrast", "channels_last") if getattr(d, k)]
-        if device_only:
-            raise ConfigError(f"{', '.join('data.' + k for k in device_only)} need{'s' if len(device_only) == 1 else ''} data.loader=device "
-                              f"(the whole-batch augmentations live in hasten's device loader)")
+        _refuse_device_only(d)
         train = make_dataloader(TensorPairs(data.train_x, data.train_y), d.batch_size, shuffle=True, seed=seed,
                                 transform=RandomCropFlip(MEAN, STD, pad=d.pad, flip=d.flip, mode=d.pad_mode),
                                 num_workers=d.num_workers, drop_last=d.drop_last)
