@@ -105,11 +105,12 @@ def _refuse_device_only(d: DataConfig, imagefolder: bool = False) -> None:
     if not device_only:
         return
     keys = ", ".join("data." + k for k in device_only)
+    one = len(device_only) == 1
+    it = "it" if one else "them"
     if imagefolder:
-        raise ConfigError(f"{keys}: only hasten's device loader has {'it' if len(device_only) == 1 else 'them'}, and "
+        raise ConfigError(f"{keys}: only hasten's device loader has {it}, and "
                           f"data.dataset=imagefolder decodes images in DataLoader workers: remove {keys}")
-    raise ConfigError(f"{keys} need{'s' if len(device_only) == 1 else ''} data.loader=device "
-                      f"(only hasten's device loader has {'it' if len(device_only) == 1 else 'them'})")
+    raise ConfigError(f"{keys} need{'s' if one else ''} data.loader=device (only hasten's device loader has {it})")
 
 
 def _device_loaders(d: DataConfig, data, seed: int, device):
