@@ -38,7 +38,7 @@ def main() -> int:
     p.add_argument("overrides", nargs="*")
     args = p.parse_args()
     from hasten.compress.measure import best
-    from hasten.compress.pipeline import compress_run
+    from hasten.compress.pipeline import BF16_REFERENCE, compress_run
     from hasten.provenance import code_version, describe
     reports = []
     for run in args.runs:
@@ -83,6 +83,18 @@ def main() -> int:
         if speed[b]:
             lines.append(f"Speedup at batch {b}: median {statistics.median(speed[b]):.2f}x, range "
                          f"{min(speed[b]):.2f}x-{max(speed[b]):.2f}x.")
+    if any(x["model"] == BF16_REFERENCE for r in reports for x in r.get("inference", [])):
+        # this CPU has bf16 hardware: the dense model under bf16 autocast is the other float path
+        lines += ["", "Against the model before run under bf16 autocast (this CPU computes bf16 in hardware; timed only):",
+                  "", "| run | " + "".join(f"batch {b}: bf16 -> after | " for b in batches), "|---|" + "---|" * len(batches)]
+        for run, r in zip(args.runs, reports):
+            fastest = best(r.get("inference", []))
+            cells = []
+            for b in batches:
+                fb, fa = fastest.get((BF16_REFERENCE, b)), fastest.get(("after", b))
+                cells.append(f"{fb['median_s'] / fa['median_s']:.2f}x ({fb['path']} {fb['per_item_ms']:.3f} -> "
+                             f"{fa['path']} {fa['per_item_ms']:.3f} ms/item)" if fb and fa else "-")
+            lines.append(f"| {Path(run).name} | " + "".join(c + " | " for c in cells))
     md = "\n".join(lines) + "\n"
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -164,6 +164,45 @@ def test_int8_static_for_convolutions_agrees_with_fp32():
     assert torch.corrcoef(torch.stack([out.flatten(), ref.flatten()]))[0, 1] > 0.99
 
 
+def test_on_a_cpu_with_bf16_the_model_before_is_also_timed_under_bf16_autocast(monkeypatch):
+    import types
+    from hasten.compress import pipeline
+    from hasten.compress.measure import Autocast, best, inference_cost
+    net, x = _net().eval(), torch.randn(2, 3, 32, 32)
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        ref = net(x)
+    with torch.no_grad():
+        out = Autocast(net)(x)
+        assert out.dtype == torch.bfloat16 and torch.equal(out, ref)   # torch's autocast, not fp32's arithmetic
+        assert not torch.equal(out.float(), net(x))
+    task = types.SimpleNamespace(example_inputs=lambda built, b: torch.randn(b, 3, 32, 32))
+    monkeypatch.setattr(pipeline, "TASKS", {"t": task})
+    monkeypatch.setattr(pipeline, "inference_cost", lambda models, make, batches, repeats:
+                        inference_cost(models, make, batches, repeats=repeats, paths=("eager",)))
+    session = types.SimpleNamespace(recipe=types.SimpleNamespace(task="t", data=types.SimpleNamespace(eval_batch_size=3)),
+                                    built=None)
+    after = _net(1).eval()
+    record = {"metric": "val/acc", "before": {"val/acc": 0.5}, "after": {"val/acc": 0.5},
+              "parameters": {"before": 1, "after": 1, "nonzero_before": 1, "nonzero_after": 1},
+              "bytes": {"dense_fp32": 1, "artifact": 1}, "source": {"recipe": "r", "checkpoint": "c"},
+              "compression": {"steps": [], "quantize": None}, "cpu": {"name": "cpu", "int8_hardware": "none", "flags": []},
+              "threads": 1, "torch": torch.__version__, "code": {}}
+    for has_bf16 in (True, False):
+        monkeypatch.setattr(pipeline, "cpu_has_bf16", lambda: has_bf16)
+        rows = pipeline.measure_cost(net, after, session, None, 1, lambda *a: None)
+        models = {(r["model"], r["batch"]) for r in rows}
+        expect = {"before", "after"} | ({pipeline.BF16_REFERENCE} if has_bf16 else set())
+        assert models == {(m, b) for m in expect for b in (1, 3, 64)}
+        table = [line for line in pipeline.render({**record, "inference": rows}).splitlines() if line.startswith("| ")]
+        head = table[table.index(next(t for t in table if t.startswith("| batch")))]
+        assert ("before in bf16: eager" in head) == has_bf16 and ("speedup vs bf16" in head) == has_bf16
+        row = next(t for t in table if t.startswith("| 3 |"))
+        assert row.count("|") == head.count("|")
+        fastest = best(rows)
+        ratio = fastest[(pipeline.BF16_REFERENCE if has_bf16 else "before", 3)]["median_s"] / fastest[("after", 3)]["median_s"]
+        assert row.rstrip(" |").endswith(f"{ratio:.2f}x")
+
+
 def test_a_missing_torchao_is_named_with_the_fix(monkeypatch):
     import builtins
     real = builtins.__import__

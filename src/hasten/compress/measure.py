@@ -7,6 +7,9 @@ Every row is the median over `repeats` timed calls; the calls of all models and 
 alternate (model A, model B, model A, ...) so a change in the machine's load falls on all
 alike. Compilation (inductor, with `freezing`, which int8 kernels need to be fast) happens
 before timing and its cost is reported apart. `best` picks the faster path per model and batch.
+`Autocast(model)` is the same model run under CPU bf16 autocast: on a CPU with bf16 hardware
+that is the float path a user would otherwise deploy, so a compressed model is also compared
+with it, not only with fp32.
 """
 from __future__ import annotations
 
@@ -70,6 +73,19 @@ def inference_cost(models: dict, make_input: Callable[[int], torch.Tensor], batc
     return rows
 
 
+class Autocast(torch.nn.Module):
+    """`model` run under CPU autocast to `dtype` (bf16): its convolutions and matrix products in
+    bf16, its parameters untouched; what `precision: bf16-mixed` evaluates with."""
+
+    def __init__(self, model: torch.nn.Module, dtype: torch.dtype = torch.bfloat16):
+        super().__init__()
+        self.model, self.dtype = model, dtype
+
+    def forward(self, *args, **kwargs):
+        with torch.autocast("cpu", dtype=self.dtype):
+            return self.model(*args, **kwargs)
+
+
 def best(rows: list[dict]) -> dict:
     """(model, batch) -> the fastest path's row."""
     out = {}
@@ -82,4 +98,4 @@ def best(rows: list[dict]) -> dict:
     return out
 
 
-__all__ = ["best", "inference_cost"]
+__all__ = ["Autocast", "best", "inference_cost"]

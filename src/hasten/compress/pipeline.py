@@ -43,7 +43,8 @@ from ..trainer import Trainer
 from ..usercode import check_trust
 from . import outputs, pruning, quantize, structured
 from .artifact import read_artifact, save_artifact
-from .measure import best, inference_cost
+from ..hardware import cpu_has_bf16
+from .measure import Autocast, best, inference_cost
 
 # recipe algorithms a fine-tune keeps: they shape the loss or the evaluation, not the run's course
 FINETUNE_KEEP = {"label_smoothing", "tta", "gradient_clipping"}
@@ -353,15 +354,22 @@ def export_program(model, example, path: Path) -> dict:
         return {"error": f"torch.export does not support this model: {type(e).__name__}: {first_line(e)[:200]}"}
 
 
+BF16_REFERENCE = "before-bf16"
+
+
 def measure_cost(reference, final, session: Session, calib, repeats: int, log) -> list:
     """CPU inference time of the model before and after, at batch sizes 1, 64 and the recipe's
-    evaluation batch, on inputs the task makes (TaskSpec.example_inputs)."""
+    evaluation batch, on inputs the task makes (TaskSpec.example_inputs). On a CPU with bf16
+    hardware the model before is also timed under bf16 autocast (rows of `BF16_REFERENCE`)."""
     recipe = session.recipe
     batches = sorted({1, 64, recipe.data.eval_batch_size})
     make_inputs = TASKS[recipe.task].example_inputs
-    log(f"measuring CPU inference at batches {batches} ({repeats} interleaved runs each, eager and compiled)")
-    return inference_cost({"before": reference, "after": final}, lambda b: make_inputs(session.built, b), batches,
-                          repeats=repeats)
+    models = {"before": reference, "after": final}
+    if cpu_has_bf16():   # the float path this CPU offers besides fp32: the dense model under bf16 autocast
+        models[BF16_REFERENCE] = Autocast(reference)
+    log(f"measuring CPU inference at batches {batches} ({repeats} interleaved runs each, eager and compiled; "
+        f"{', '.join(models)})")
+    return inference_cost(models, lambda b: make_inputs(session.built, b), batches, repeats=repeats)
 
 
 def render(r: dict) -> str:
@@ -386,18 +394,29 @@ def render(r: dict) -> str:
         fastest = best(rows)
         lines += ["", f"CPU inference ({r['cpu']['name']}; int8 hardware: {r['cpu']['int8_hardware']}; "
                   f"{r['threads']} threads; torch {r['torch']}): median of interleaved runs, eager and compiled "
-                  "(inductor with freezing) both measured, the faster one used for the ratio.", "",
-                  "| batch | before: eager | before: compiled | after: eager | after: compiled | speedup (best vs best) |",
-                  "|---|---|---|---|---|---|"]
+                  "(inductor with freezing) both measured, the faster one used for the ratio.", ""]
+        bf16 = any(x["model"] == BF16_REFERENCE for x in rows)
+        columns = [("before", "eager"), ("before", "compiled")] \
+            + ([(BF16_REFERENCE, "eager"), (BF16_REFERENCE, "compiled")] if bf16 else []) \
+            + [("after", "eager"), ("after", "compiled")]
+        names = {"before": "before", BF16_REFERENCE: "before in bf16", "after": "after"}
+        lines += ["| batch | " + " | ".join(f"{names[m]}: {p}" for m, p in columns) + " | speedup (best vs best) |"
+                  + (" speedup vs bf16 (best vs best) |" if bf16 else ""),
+                  "|---|" + "---|" * (len(columns) + 1 + bf16)]
         for batch in sorted({x["batch"] for x in rows}):
             cell = {}
             for x in rows:
                 if x["batch"] == batch:
                     cell[(x["model"], x["path"])] = f"{x['per_item_ms']:.3f} ms/item" if "median_s" in x else "fails"
-            fb, fa = fastest.get(("before", batch)), fastest.get(("after", batch))
-            ratio = f"{fb['median_s'] / fa['median_s']:.2f}x" if fb and fa else "-"
-            lines.append(f"| {batch} | {cell.get(('before', 'eager'), '-')} | {cell.get(('before', 'compiled'), '-')} | "
-                         f"{cell.get(('after', 'eager'), '-')} | {cell.get(('after', 'compiled'), '-')} | {ratio} |")
+            ratios = []
+            for ref in ("before",) + ((BF16_REFERENCE,) if bf16 else ()):
+                fb, fa = fastest.get((ref, batch)), fastest.get(("after", batch))
+                ratios.append(f"{fb['median_s'] / fa['median_s']:.2f}x" if fb and fa else "-")
+            lines.append(f"| {batch} | " + " | ".join(cell.get(c, "-") for c in columns) + " | "
+                         + " | ".join(ratios) + " |")
+        if bf16:
+            lines += ["", "\"before in bf16\" is the model before, run under bf16 autocast (this CPU computes bf16 in "
+                      "hardware): timed only; the quality above is fp32's."]
     if r["compression"]["quantize"] == "int8-static":
         lines += ["", "The int8-static artifact holds float weights and its calibration batches (fp16) and is "
                   "re-quantized when loaded; the int8 program itself is what --export writes."]
