@@ -3,7 +3,7 @@
 against the uncompressed model in the same process, interleaved.
 
     python benchmarks/compress_figures.py --name prune50 --runs runs/c10fast-s0 runs/c10fast-s1 runs/c10fast-s2 \
-        --prune 0.5 --finetune 1ep [--structured 0.3] [--quantize int8] [--finetune-lr 0.1] [KEY=VALUE ...]
+        --prune 0.5 --finetune 1ep [--structured 0.3] [--quantize int8] [--finetune-lr 0.1] [--latency-runs 1] [KEY=VALUE ...]
 
 Writes benchmarks/results/compress-NAME.json (every run's full report) and .md (the table:
 quality before and after per seed, inference speedup at each batch with the faster of eager
@@ -33,6 +33,9 @@ def main() -> int:
     p.add_argument("--finetune-lr", type=float, default=0.1)
     p.add_argument("--repeats", type=int, default=7)
     p.add_argument("--no-latency", action="store_true", help="quality and bytes only")
+    p.add_argument("--latency-runs", type=int, metavar="N",
+                   help="measure inference on the first N runs only (seeds of one recipe compress to models of "
+                        "one shape, so their times differ only by the machine's noise); default: every run")
     p.add_argument("--work", default="runs/compress-bench")
     p.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
     p.add_argument("overrides", nargs="*")
@@ -41,12 +44,13 @@ def main() -> int:
     from hasten.compress.pipeline import BF16_REFERENCE, compress_run
     from hasten.provenance import code_version, describe
     reports = []
-    for run in args.runs:
+    for i, run in enumerate(args.runs):
         print(f"== {run}", flush=True)
+        latency = not args.no_latency and (args.latency_runs is None or i < args.latency_runs)
         r = compress_run(run, prune=args.prune, scope=args.scope, structured_ratio=args.structured, quant=args.quantize,
                          finetune_for=args.finetune, lr_factor=args.finetune_lr, overrides=args.overrides,
                          out=Path(args.work) / args.name / f"{Path(run).name}.hasten", repeats=args.repeats,
-                         latency=not args.no_latency)
+                         latency=latency)
         reports.append(r.report)
     metric, better = reports[0]["metric"], reports[0]["better"]
     cmd = "python benchmarks/compress_figures.py " + " ".join(a for a in sys.argv[1:])
