@@ -21,6 +21,16 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
 
+def speedup_cell(fastest: dict, reference: str, batch: int) -> tuple[float | None, str]:
+    """(ratio, table cell) of the compressed model against `reference` at `batch`, each on its
+    faster path; (None, "-") where either was not measured."""
+    fb, fa = fastest.get((reference, batch)), fastest.get(("after", batch))
+    if not (fb and fa):
+        return None, "-"
+    ratio = fb["median_s"] / fa["median_s"]
+    return ratio, f"{ratio:.2f}x ({fb['path']} {fb['per_item_ms']:.3f} -> {fa['path']} {fa['per_item_ms']:.3f} ms/item)"
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--name", required=True)
@@ -70,13 +80,10 @@ def main() -> int:
         fastest = best(r.get("inference", []))
         cells = []
         for b in batches:
-            fb, fa = fastest.get(("before", b)), fastest.get(("after", b))
-            if fb and fa:
-                ratio = fb["median_s"] / fa["median_s"]
+            ratio, cell = speedup_cell(fastest, "before", b)
+            if ratio is not None:
                 speed[b].append(ratio)
-                cells.append(f"{ratio:.2f}x ({fb['path']} {fb['per_item_ms']:.3f} -> {fa['path']} {fa['per_item_ms']:.3f} ms/item)")
-            else:
-                cells.append("-")
+            cells.append(cell)
         rel = f" ({100 * d / b0:+.2f}%)" if metric == "val/loss" else f" ({100 * d:+.2f} points)"
         lines.append(f"| {Path(run).name} | {b0:.4f} | {a0:.4f} | {d:+.4f}{rel} | " + "".join(c + " | " for c in cells)
                      + f"{r['bytes']['dense_fp32']:,} -> {r['bytes']['artifact']:,} |")
@@ -93,11 +100,7 @@ def main() -> int:
                   "", "| run | " + "".join(f"batch {b}: bf16 -> after | " for b in batches), "|---|" + "---|" * len(batches)]
         for run, r in zip(args.runs, reports):
             fastest = best(r.get("inference", []))
-            cells = []
-            for b in batches:
-                fb, fa = fastest.get((BF16_REFERENCE, b)), fastest.get(("after", b))
-                cells.append(f"{fb['median_s'] / fa['median_s']:.2f}x ({fb['path']} {fb['per_item_ms']:.3f} -> "
-                             f"{fa['path']} {fa['per_item_ms']:.3f} ms/item)" if fb and fa else "-")
+            cells = [speedup_cell(fastest, BF16_REFERENCE, b)[1] for b in batches]
             lines.append(f"| {Path(run).name} | " + "".join(c + " | " for c in cells))
     md = "\n".join(lines) + "\n"
     out = Path(args.out)

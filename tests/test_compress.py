@@ -194,7 +194,7 @@ def test_on_a_cpu_with_bf16_the_model_before_is_also_timed_under_bf16_autocast(m
         expect = {"before", "after"} | ({pipeline.BF16_REFERENCE} if has_bf16 else set())
         assert models == {(m, b) for m in expect for b in (1, 3, 64)}
         table = [line for line in pipeline.render({**record, "inference": rows}).splitlines() if line.startswith("| ")]
-        head = table[table.index(next(t for t in table if t.startswith("| batch")))]
+        head = next(t for t in table if t.startswith("| batch"))
         assert ("before in bf16: eager" in head) == has_bf16 and ("speedup vs bf16" in head) == has_bf16
         row = next(t for t in table if t.startswith("| 3 |"))
         assert row.count("|") == head.count("|")

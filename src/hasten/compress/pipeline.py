@@ -34,6 +34,7 @@ from ..core import Event, Time
 from ..data.batches import batch_size, index_batch
 from ..errors import CheckpointError, ConfigError, first_line
 from ..files import atomic_write
+from ..hardware import cpu_has_bf16
 from ..optim import LRSchedule
 from ..provenance import code_version, describe
 from ..runs import RECIPE_FILE, is_run_folder, stored_recipe
@@ -43,7 +44,6 @@ from ..trainer import Trainer
 from ..usercode import check_trust
 from . import outputs, pruning, quantize, structured
 from .artifact import read_artifact, save_artifact
-from ..hardware import cpu_has_bf16
 from .measure import Autocast, best, inference_cost
 
 # recipe algorithms a fine-tune keeps: they shape the loss or the evaluation, not the run's course
