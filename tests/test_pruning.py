@@ -223,6 +223,83 @@ def test_select_hardest_is_topk():
     assert sorted(hf.select_hardest(losses, 0.5).tolist()) == [1, 3, 4]
 
 
+def test_select_weighted_draws_each_sample_with_weight_percentile_to_the_beta():
+    # one draw (keep 1/4 of 4): P(sample) = w / sum(w), w = (rank / n)^beta, closed form
+    losses = torch.tensor([0.3, 5.0, -1.0, 2.0])          # ranks 2, 4, 1, 3
+    g = torch.Generator().manual_seed(0)
+    for beta in (0.0, 1.0, 3.0):
+        w = torch.tensor([2.0, 4.0, 1.0, 3.0]) ** beta
+        counts = torch.zeros(4)
+        for _ in range(20000):
+            counts[hf.select_weighted(losses, 0.25, beta, generator=g)] += 1
+        torch.testing.assert_close(counts / 20000, w / w.sum(), atol=0.012, rtol=0)
+    # several drawn: distinct samples, as many as keep says
+    idx = hf.select_weighted(torch.randn(10, generator=g), 0.5, 2.0, generator=g)
+    assert len(idx) == 5 and len(set(idx.tolist())) == 5
+    with pytest.raises(ValueError, match="beta"):
+        hf.select_weighted(losses, 0.5, -1.0)
+
+
+def _chosen_rows(x, state_batch):
+    """The rows of x the training pass saw (each row of x is distinct)."""
+    seen = state_batch[0]
+    return sorted(int((x == row).all(1).nonzero()) for row in seen)
+
+
+def test_selective_backprop_beta_trains_on_the_drawn_samples_and_favours_the_hard_ones():
+    x, y = classification_data(n=8)
+    model, ref_model = model_and_twin()
+    chosen, grads = [], []
+
+    class Grab(Algorithm):
+        def after_backward(self, state, logger):
+            chosen.append(_chosen_rows(x, state.batch))
+            grads.append([p.grad.clone() for p in state.model.parameters()])
+
+    # lr 0: every step sees the same losses, so the draws follow one fixed distribution
+    Trainer(model, [(x, y)] * 300, max_duration="300ba", device="cpu",
+            algorithms=[SelectiveBackprop(0.125, beta=3.0), Grab()],
+            optimizers=lambda m: torch.optim.SGD(m.parameters(), lr=0.0)).fit()
+    with torch.no_grad():
+        losses = F.cross_entropy(ref_model(x), y, reduction="none")
+    for idx, g in zip(chosen[:3], grads[:3]):              # the step's gradient is that of the drawn sample
+        ref_model.zero_grad()
+        F.cross_entropy(ref_model(x[idx]), y[idx]).backward()
+        for a, b in zip(g, ref_model.parameters()):
+            torch.testing.assert_close(a, b.grad)
+    counts = torch.zeros(8)
+    for idx in chosen:
+        counts[idx] += 1
+    w = ((losses.argsort().argsort() + 1).float() / 8) ** 3
+    torch.testing.assert_close(counts / len(chosen), w / w.sum(), atol=0.08, rtol=0)
+
+
+def test_selective_backprop_beta_zero_draws_uniformly_without_a_scoring_pass():
+    x, y = classification_data(n=16)
+    torch.manual_seed(0)
+    model = mlp()
+    forwards, chosen = [0], []
+    model.register_forward_hook(lambda *a: forwards.__setitem__(0, forwards[0] + 1))
+
+    class Grab(Algorithm):
+        def after_backward(self, state, logger):
+            chosen.append(_chosen_rows(x, state.batch))
+
+    Trainer(model, [(x, y)] * 200, max_duration="200ba", device="cpu",
+            algorithms=[SelectiveBackprop(0.25, beta=0), Grab()],
+            optimizers=lambda m: torch.optim.SGD(m.parameters(), lr=0.0)).fit()
+    assert forwards[0] == 200                              # one pass a step: no scoring pass
+    assert all(len(c) == 4 and len(set(c)) == 4 for c in chosen)
+    counts = torch.zeros(16)
+    for idx in chosen:
+        counts[idx] += 1
+    assert counts.min() > 0.25 * 200 * 0.4 and counts.max() < 0.25 * 200 * 1.8   # every sample, about equally
+    with pytest.raises(ValueError, match="nothing to act on"):
+        SelectiveBackprop(0.5, beta=0, score_every=2)
+    with pytest.raises(ValueError, match="must be null or >= 0"):
+        SelectiveBackprop(0.5, beta=-0.5)
+
+
 def test_selective_backprop_gradient_is_that_of_the_hardest_samples():
     x, y = classification_data(n=32)
     model, ref_model = model_and_twin()

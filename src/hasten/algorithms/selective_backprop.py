@@ -35,6 +35,12 @@ torch.distributed every rank records every rank's losses (one all-gather of loss
 indices per pass, as InfoBatch does), so each rank can rank whatever samples the next epoch deals
 it, and the ranks agree on which steps score afresh (one all-reduce of a count per ranked step).
 
+`beta` (null: the hardest `keep` fraction) draws the `keep` fraction at random instead, without
+replacement, each sample weighted by its loss's percentile in the batch to the power beta
+(`select_weighted`; Jiang et al.'s rule, which draws each sample on its own, with the number drawn
+fixed here so a step's cost is): a softer focus on the hardest samples. beta=0 is the control: a
+uniform random subset, with no scoring pass at all (does the selection earn its scoring pass?).
+
 `score_scale` < 1 (image batches only) scores downscaled images (`resize_batch`, sides rounded
 to a multiple of 4 pixels): the scoring pass then costs about score_scale^2 of a full-size
 forward, and ranks the samples by their loss at that size.
@@ -64,6 +70,24 @@ def select_hardest(losses: torch.Tensor, keep: float) -> torch.Tensor:
     return torch.topk(losses.detach().float(), k, sorted=False).indices
 
 
+def select_weighted(losses: torch.Tensor, keep: float, beta: float,
+                    generator: torch.Generator | None = None) -> torch.Tensor:
+    """The indices of the `keep` fraction of samples (at least one) drawn at random without
+    replacement, each with weight p^beta where p in (0, 1] is its loss's percentile in the batch
+    (the hardest 1, the easiest 1/n): Jiang et al.'s selection rule with the number drawn fixed, so a
+    step's cost is. beta 0 draws uniformly; the larger beta, the closer to `select_hardest`. Ties in
+    loss share no rank (the order among them is torch's sort). On the device; no host synchronisation."""
+    if not 0.0 < keep <= 1.0:
+        raise ValueError(f"keep must lie in (0, 1], got {keep}")
+    if not beta >= 0.0:
+        raise ValueError(f"beta (the selection's sharpness) must be >= 0, got {beta}")
+    n = losses.shape[0]
+    k = max(1, int(round(n * keep)))
+    ranks = losses.detach().float().argsort().argsort()          # 0: the easiest
+    weights = ((ranks + 1).double() / n) ** float(beta)
+    return torch.multinomial(weights, k, replacement=False, generator=generator)
+
+
 RUNNING_STATS = ("both", "scoring", "training")
 
 
@@ -85,7 +109,7 @@ def per_sample_losses(model, state, batch, score_scale: float = 1.0) -> torch.Te
 class SelectiveBackprop(Algorithm):
     def __init__(self, keep: float = 0.5, start: str = "0dur", end: str = "1dur", interrupt: int = 0,
                  running_stats: str = "both", score_scale: float = 1.0, average_stats: int = 0,
-                 score_every: int = 1):
+                 score_every: int = 1, beta: float | None = None):
         if not 0.0 < keep <= 1.0:
             raise ValueError(f"keep must lie in (0, 1], got {keep}")
         if not 0.0 < score_scale <= 1.0:
@@ -106,6 +130,16 @@ class SelectiveBackprop(Algorithm):
             raise ValueError(f"score_every (score afresh every n-th epoch; 1: every step) must be a whole number >= 1, "
                              f"got {score_every!r}")
         self.score_every = score_every
+        if beta is not None:
+            if isinstance(beta, bool) or not isinstance(beta, (int, float)) or not beta >= 0:
+                raise ValueError(f"beta (null: the hardest samples; a number >= 0: drawn with weight percentile^beta) "
+                                 f"must be null or >= 0, got {beta!r}")
+            beta = float(beta)
+            if beta == 0.0 and (score_every > 1 or score_scale < 1.0 or running_stats == "scoring"):
+                raise ValueError("beta=0 draws a uniform random subset without a scoring pass, so score_every, "
+                                 "score_scale and running_stats='scoring' have nothing to act on: leave them at "
+                                 "their defaults")
+        self.beta = beta
         self._scores = self._seen = self._first_epoch = self._state = None
         self._recording = False
         self.keep, self.start, self.end, self.interrupt = keep, Time.parse(start), Time.parse(end), int(interrupt)
@@ -234,8 +268,11 @@ class SelectiveBackprop(Algorithm):
                 finally:
                     self._recording = False
             batch = state.batch
-            losses = self._ranking(state, batch)
             before = after_scoring = None
+            if self.beta == 0.0:   # the control: a uniform random subset, no scoring pass
+                losses = torch.zeros(batch_size(batch))
+            else:
+                losses = self._ranking(state, batch)
             if losses is None:   # score the batch
                 keep_from = "training" if window is not None else self.running_stats
                 before = running_stats_of(model) if keep_from == "training" else None
@@ -247,7 +284,9 @@ class SelectiveBackprop(Algorithm):
                     self._record(batch[-1], losses)
             elif window is not None:
                 before = running_stats_of(model)
-            state.batch = index_batch(batch, select_hardest(losses, self.keep))
+            chosen = select_hardest(losses, self.keep) if self.beta is None else \
+                select_weighted(losses, self.keep, self.beta)
+            state.batch = index_batch(batch, chosen)
             self._recording = self._scores is not None and not self._forced
             try:
                 step(state)
@@ -260,4 +299,5 @@ class SelectiveBackprop(Algorithm):
         return selective_step
 
 
-__all__ = ["select_hardest", "running_stats_of", "restore_running_stats", "average_running_stats", "SelectiveBackprop"]
+__all__ = ["select_hardest", "select_weighted", "running_stats_of", "restore_running_stats", "average_running_stats",
+           "SelectiveBackprop"]
