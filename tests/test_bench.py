@@ -92,6 +92,26 @@ def test_one_machine_line_for_runs_that_differ_only_in_what_it_leaves_out(tmp_pa
     assert md.count("Machine: x") == 1 and md.count("Machine: y") == 1
 
 
+def test_a_run_under_kernel_caps_records_them_and_the_machine_line_says_so(tmp_path, monkeypatch):
+    from hasten.bench.recording import machine
+    monkeypatch.delenv("ONEDNN_MAX_CPU_ISA", raising=False)
+    monkeypatch.delenv("DNNL_MAX_CPU_ISA", raising=False)
+    monkeypatch.delenv("ATEN_CPU_CAPABILITY", raising=False)
+    assert machine()["kernel_caps"] == {}
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")
+    monkeypatch.setenv("ATEN_CPU_CAPABILITY", "avx2")
+    assert machine()["kernel_caps"] == {"ONEDNN_MAX_CPU_ISA": "AVX2", "ATEN_CPU_CAPABILITY": "avx2"}
+    runs = [_run("a", s, [(10, 0.9)]) for s in range(2)]
+    runs[0]["final"]["machine"] = {"cpu": "x", "cpu_features": ["avx2", "avx512_bf16"], "cores": 2,
+                                   "kernel_caps": machine()["kernel_caps"]}
+    runs[1]["final"]["machine"] = {"cpu": "x", "cpu_features": ["avx2", "avx512_bf16"], "cores": 2, "kernel_caps": {}}
+    R.write_report(runs, ["a"], Target.parse("val/acc>=0.9"), tmp_path, "t")
+    md = (tmp_path / "report.md").read_text()
+    assert ("Machine: x (avx2, avx512_bf16), kernels capped by ATEN_CPU_CAPABILITY=avx2, ONEDNN_MAX_CPU_ISA=AVX2, "
+            "2 cores") in md
+    assert "Machine: x (avx2, avx512_bf16), 2 cores" in md      # the uncapped run: a line of its own
+
+
 def test_first_worst_target_is_reached_by_every_first_run_and_misses_are_censored(tmp_path):
     runs = [_run("a", s, [(10, 0.85), (20, 0.90 + 0.01 * s)]) for s in range(3)]
     runs += [_run("b", s, [(5, 0.90 + 0.02 * s), (10, 0.92)]) for s in range(2)]

@@ -174,6 +174,24 @@ def test_the_whole_run_in_steps_from_each_unit_of_max_duration():
     assert tuner.run_steps([_trial("b", [1.0] * 3)]) is None   # batches per epoch not seen: unknown
 
 
+def test_kernel_caps_are_part_of_the_machine_key_and_line_only_when_set(monkeypatch):
+    for v in hardware.KERNEL_CAP_VARS:
+        monkeypatch.delenv(v, raising=False)
+    plain = tune_mod.machine_key()
+    assert "kernel_caps" not in plain                     # caches made before caps were recorded still hit
+    monkeypatch.setenv("ATEN_CPU_CAPABILITY", "avx2")
+    capped = tune_mod.machine_key()
+    assert capped["kernel_caps"] == {"ATEN_CPU_CAPABILITY": "avx2"} and capped != plain
+    result = {"recipe": "tiny", "recipe_arg": str(TINY), "overrides": [], "machine": capped, "table": [],
+              "decisions": {}, "skipped": [], "guard": {"checked": False, "why": "none"}, "tuned_overrides": [],
+              "min_gain": 0.05, "searched_overrides": [], "speedup": 1.0,
+              "tuned": {"samples_per_s": 10.0, "low": 9.8, "high": 10.1},
+              "as_written": {"samples_per_s": 10.0, "low": 9.8, "high": 10.1}, "budget_s": 60, "spent_s": 6,
+              "date": "today"}
+    line = next(ln for ln in tune_mod.render(result).splitlines() if ln.startswith("Machine:"))
+    assert "kernels capped by ATEN_CPU_CAPABILITY=avx2" in line
+
+
 def test_when_nothing_beats_the_recipe_as_written_that_is_what_is_handed_over(tmp_path):
     result = {"recipe": "tiny", "recipe_arg": str(TINY), "overrides": [], "machine": tune_mod.machine_key(),
               "table": [], "decisions": {"compile": "compiled (not handed over: ...)"}, "skipped": [],

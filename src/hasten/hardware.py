@@ -3,6 +3,7 @@ in hardware (which decides whether bf16-mixed is fast here or emulated and slow)
 from __future__ import annotations
 
 import functools
+import os
 import platform
 
 BF16_CPU_FLAGS = frozenset({"avx512_bf16", "amx_bf16"})
@@ -28,6 +29,21 @@ def cpu_features() -> list[str]:
     """This CPU's flags among those that decide what is fast here (SPEED_CPU_FLAGS), sorted: what
     a measurement records so it is read against the right kind of machine."""
     return sorted(cpu_flags() & SPEED_CPU_FLAGS)
+
+
+# environment variables that cap the instruction sets of torch's CPU kernels (oneDNN's, ATen's)
+KERNEL_CAP_VARS = ("ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY")
+
+
+def kernel_caps() -> dict[str, str]:
+    """The instruction-set caps on torch's CPU kernels this process runs under ({} for none): a
+    measurement made under them stands for a lesser CPU than the flags say, and records so."""
+    return {v: os.environ[v] for v in KERNEL_CAP_VARS if os.environ.get(v)}
+
+
+def describe_caps(caps: dict | None) -> str:
+    """', kernels capped by ATEN_CPU_CAPABILITY=avx2, ONEDNN_MAX_CPU_ISA=AVX2' (sorted) for a machine line, or ''."""
+    return ", kernels capped by " + ", ".join(f"{k}={v}" for k, v in sorted(caps.items())) if caps else ""
 
 
 def cpu_name() -> str:

@@ -13,7 +13,7 @@ import torch
 
 from ..allocator import host_allocator_state
 from ..core import Callback
-from ..hardware import cpu_features, cpu_name
+from ..hardware import cpu_features, cpu_name, kernel_caps
 from ..provenance import code_version
 
 
@@ -71,7 +71,8 @@ class BenchRecorder(Callback):
 
 
 def machine() -> dict:
-    return {"cpu": cpu_name(), "cpu_features": cpu_features(), "cores": os.cpu_count(), "threads": torch.get_num_threads(),
+    return {"cpu": cpu_name(), "cpu_features": cpu_features(), "kernel_caps": kernel_caps(),
+            "cores": os.cpu_count(), "threads": torch.get_num_threads(),
             "python": platform.python_version(), "torch": torch.__version__,
             "cuda": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
             "hasten": __import__("hasten").__version__, "platform": platform.platform(),

@@ -21,6 +21,7 @@ import math
 from pathlib import Path
 
 from ..errors import HastenError
+from ..hardware import describe_caps
 from ..provenance import describe as describe_code
 from .runner import COUNTED, outcome
 from .stats import describe, ratio_ci, welch_t_test
@@ -216,7 +217,7 @@ def markdown(analysis: dict, title: str, command: str | None = None) -> str:
     for mach in analysis.get("machines", []):
         feats = mach.get("cpu_features")
         line = (f"Machine: {mach.get('cpu')}" + (f" ({', '.join(feats) or 'no AVX2'})" if feats is not None else "")
-                + f", {mach.get('cores')} cores, {mach.get('threads')} threads, "
+                + describe_caps(mach.get("kernel_caps")) + f", {mach.get('cores')} cores, {mach.get('threads')} threads, "
                 f"torch {mach.get('torch')}, hasten {mach.get('hasten')}"
                 + (f", GPU {mach['cuda']}" if mach.get("cuda") else ""))
         if line not in described:

@@ -84,7 +84,7 @@ from ..core import Time
 from ..data.download import data_root
 from ..errors import ConfigError
 from ..files import atomic_write
-from ..hardware import BF16_CPU_FLAGS, cpu_features, cpu_has_bf16, cpu_name
+from ..hardware import BF16_CPU_FLAGS, cpu_features, cpu_has_bf16, cpu_name, describe_caps, kernel_caps
 from ..provenance import code_version, describe
 from ..registry import TASKS
 from ..runtime import resolve_device, resolve_precision
@@ -121,9 +121,12 @@ class Trial:
 
 def machine_key() -> dict:
     """What the measurements hold for: the CPU and its flags, whether bf16 runs natively in this
-    process (False under a oneDNN cap below AVX-512 whatever the flags), the GPU, torch."""
-    return {"cpu": cpu_name(), "flags": cpu_features(), "bf16_hardware": cpu_has_bf16(), "cores": os.cpu_count(),
-            "torch": torch.__version__, "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None}
+    process (False under a oneDNN cap below AVX-512 whatever the flags), the kernel caps it runs
+    under where there are any (so a capped result is never served to an uncapped call), the GPU, torch."""
+    key = {"cpu": cpu_name(), "flags": cpu_features(), "bf16_hardware": cpu_has_bf16(), "cores": os.cpu_count(),
+           "torch": torch.__version__, "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None}
+    caps = kernel_caps()
+    return {**key, "kernel_caps": caps} if caps else key
 
 
 def bf16_fast() -> bool:
@@ -626,7 +629,7 @@ def _fmt_tp(tp: dict | None) -> str:
 def render(result: dict) -> str:
     m = result["machine"]
     lines = [f"# hasten tune: {result['recipe']}", "",
-             f"Machine: {m['cpu']} ({', '.join(m['flags'])}), {m['cores']} cores"
+             f"Machine: {m['cpu']} ({', '.join(m['flags'])}){describe_caps(m.get('kernel_caps'))}, {m['cores']} cores"
              + (", bf16 capped off (oneDNN emulates it in this process)"
                 if m.get("bf16_hardware") is False and BF16_CPU_FLAGS & set(m["flags"]) else "")
              + (f", {m['gpu']}" if m.get("gpu") else "") + f", torch {m['torch']}; measured {result['date']}, "
