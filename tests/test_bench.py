@@ -94,9 +94,9 @@ def test_one_machine_line_for_runs_that_differ_only_in_what_it_leaves_out(tmp_pa
 
 def test_a_run_under_kernel_caps_records_them_and_the_machine_line_says_so(tmp_path, monkeypatch):
     from hasten.bench.recording import machine
-    monkeypatch.delenv("ONEDNN_MAX_CPU_ISA", raising=False)
-    monkeypatch.delenv("DNNL_MAX_CPU_ISA", raising=False)
-    monkeypatch.delenv("ATEN_CPU_CAPABILITY", raising=False)
+    from hasten.hardware import KERNEL_CAP_VARS
+    for v in KERNEL_CAP_VARS:
+        monkeypatch.delenv(v, raising=False)
     assert machine()["kernel_caps"] == {}
     monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")
     monkeypatch.setenv("ATEN_CPU_CAPABILITY", "avx2")

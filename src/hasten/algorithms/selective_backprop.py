@@ -61,13 +61,17 @@ from ._bn_stats import average_running_stats, restore_running_stats, running_sta
 from .progressive_resizing import resize_batch
 
 
+def kept_count(n: int, keep: float) -> int:
+    """How many of `n` samples the `keep` fraction (0 < keep <= 1) is: rounded, at least one."""
+    if not 0.0 < keep <= 1.0:
+        raise ValueError(f"keep must lie in (0, 1], got {keep}")
+    return max(1, int(round(n * keep)))
+
+
 def select_hardest(losses: torch.Tensor, keep: float) -> torch.Tensor:
     """The indices of the `keep` fraction (0 < keep <= 1, at least one) of samples with the largest
     `losses`."""
-    if not 0.0 < keep <= 1.0:
-        raise ValueError(f"keep must lie in (0, 1], got {keep}")
-    k = max(1, int(round(losses.shape[0] * keep)))
-    return torch.topk(losses.detach().float(), k, sorted=False).indices
+    return torch.topk(losses.detach().float(), kept_count(losses.shape[0], keep), sorted=False).indices
 
 
 def select_weighted(losses: torch.Tensor, keep: float, beta: float,
@@ -77,12 +81,10 @@ def select_weighted(losses: torch.Tensor, keep: float, beta: float,
     (the hardest 1, the easiest 1/n): Jiang et al.'s selection rule with the number drawn fixed, so a
     step's cost is. beta 0 draws uniformly; the larger beta, the closer to `select_hardest`. Ties in
     loss share no rank (the order among them is torch's sort). On the device; no host synchronisation."""
-    if not 0.0 < keep <= 1.0:
-        raise ValueError(f"keep must lie in (0, 1], got {keep}")
     if not beta >= 0.0:
         raise ValueError(f"beta (the selection's sharpness) must be >= 0, got {beta}")
     n = losses.shape[0]
-    k = max(1, int(round(n * keep)))
+    k = kept_count(n, keep)
     ranks = losses.detach().float().argsort().argsort()          # 0: the easiest
     weights = ((ranks + 1).double() / n) ** float(beta)
     return torch.multinomial(weights, k, replacement=False, generator=generator)

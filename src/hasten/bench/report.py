@@ -217,7 +217,8 @@ def markdown(analysis: dict, title: str, command: str | None = None) -> str:
     for mach in analysis.get("machines", []):
         feats = mach.get("cpu_features")
         line = (f"Machine: {mach.get('cpu')}" + (f" ({', '.join(feats) or 'no AVX2'})" if feats is not None else "")
-                + describe_caps(mach.get("kernel_caps")) + f", {mach.get('cores')} cores, {mach.get('threads')} threads, "
+                + describe_caps(mach.get("kernel_caps"))
+                + f", {mach.get('cores')} cores, {mach.get('threads')} threads, "
                 f"torch {mach.get('torch')}, hasten {mach.get('hasten')}"
                 + (f", GPU {mach['cuda']}" if mach.get("cuda") else ""))
         if line not in described:
