@@ -74,3 +74,25 @@ def test_monitors_and_loggers_write_what_they_measure(tmp_path):
     assert r["lr/opt0/group0"] == 1e-3
     assert any("val/loss" in r for r in rows)
     assert list((tmp_path / "tb").glob("events.out.tfevents.*"))
+
+
+def test_progress_bar_off_a_terminal_prints_whole_lines_at_each_tenth():
+    """Into a log file a redrawn bar would be one line cut to 80 columns at the end; there the
+    bar prints a plain line at each tenth of the run and a last one after the final evaluation."""
+    import io
+    from rich.console import Console
+    out = io.StringIO()
+    bar = ProgressBar(refresh_hz=1e9, console=Console(file=out, width=40))
+    assert bar.plain                                    # a StringIO is no terminal
+    tr = Trainer(mlp(), loader(n=160, batch_size=8), max_duration="20ba", device="cpu", log_interval="1ba",
+                 callbacks=[bar], eval_dataloader=loader(n=16), eval_interval="20ba")
+    tr.fit()
+    tr.close()
+    lines = out.getvalue().splitlines()
+    assert [line.split()[1] for line in lines] == [f"{2 * i}/20" for i in range(1, 11)]
+    assert [line.split()[3] for line in lines] == [f"({10 * i}%)" for i in range(1, 11)]
+    assert all(len(line) > 40 for line in lines)        # never cut to the console's width
+    assert "val/loss=" in lines[-1] and "eta" not in lines[-1] and "val/loss=" not in lines[0]
+    assert all("eta" in line for line in lines[:-1])
+    with pytest.raises(ValueError, match="plain_every"):
+        ProgressBar(plain_every=0)
