@@ -96,3 +96,24 @@ def test_progress_bar_off_a_terminal_prints_whole_lines_at_each_tenth():
     assert all("eta" in line for line in lines[:-1])
     with pytest.raises(ValueError, match="plain_every"):
         ProgressBar(plain_every=0)
+
+
+def test_bench_and_tune_progress_off_a_terminal_prints_a_line_per_part():
+    import io
+    from rich.console import Console
+    from rich.progress import Progress, TextColumn
+    from hasten.callbacks.progress import LineProgress, work_progress
+    assert isinstance(work_progress("bench", Console(file=io.StringIO(), force_terminal=True), TextColumn("x")),
+                      Progress)
+    out = io.StringIO()
+    with work_progress("bench", Console(file=out, width=30)) as progress:
+        assert isinstance(progress, LineProgress)
+        task = progress.add_task("", total=4)
+        for i in range(4):
+            progress.update(task, description=f"a-long-recipe-name+some.override=1 seed {i}")
+            progress.advance(task)
+        progress.update(task, description=f"a-long-recipe-name+some.override=1 seed {i}")   # no change: no line
+    lines = out.getvalue().splitlines()
+    assert [line.split()[1] for line in lines] == ["[0/4]", "[1/4]", "[2/4]", "[3/4]", "[4/4]"]
+    assert "seed 3" in lines[3] and "eta" in lines[3] and "eta" not in lines[0]
+    assert lines[-1].startswith("bench [4/4] done (") and "eta" not in lines[-1]

@@ -31,8 +31,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.progress import MofNCompleteColumn, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
+from ..callbacks.progress import work_progress
 from ..config import load_recipe, to_dict
 from ..errors import ConfigError, brief
 from ..provenance import code_version
@@ -290,8 +291,8 @@ def run_comparison(specs: list[Spec], seeds: list[int], out_dir: Path, cap_s: fl
     todo = [(s, seed) for seed in seeds for s in specs if (s.label, seed) not in done]
     if done:
         console.print(f"continuing: {len(done)} runs already in {runs_file}, {len(todo)} to go")
-    with Progress(TextColumn("[bold]bench"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.description}"),
-                  TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn(), console=console) as progress:
+    with work_progress("bench", console, MofNCompleteColumn(), TextColumn("{task.description}"),
+                       TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn()) as progress:
         task = progress.add_task("", total=len(todo))
         for i, (spec, seed) in enumerate(todo):
             progress.update(task, description=f"{spec.label} seed {seed}")

@@ -124,3 +124,55 @@ def _clock(seconds: float) -> str:
     s = int(round(seconds))
     h, rem = divmod(s, 3600)
     return f"{h}:{rem // 60:02d}:{rem % 60:02d}" if h else f"{rem // 60}:{rem % 60:02d}"
+
+
+class LineProgress:
+    """The part of rich's `Progress` that bench and tune use, for output that is not a
+    terminal: a whole line each time the work moves to a new part (its description changes)
+    and one at the end, with the count done, the time elapsed and an estimate of what is left,
+    so a long comparison under `nohup` or CI shows where it is."""
+
+    def __init__(self, name: str, console: Console):
+        self.name, self.console = name, console
+        self._tasks: dict[int, dict] = {}
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        for t in self._tasks.values():
+            if exc[0] is None and t["total"]:
+                self._line(t, "done")
+        return False
+
+    def add_task(self, description: str, total: float | None = None, **_) -> int:
+        i = len(self._tasks)
+        self._tasks[i] = {"total": total, "done": 0.0, "t0": time.perf_counter(), "description": None}
+        self.update(i, description=description)
+        return i
+
+    def advance(self, task: int, advance: float = 1) -> None:
+        self._tasks[task]["done"] += advance
+
+    def update(self, task: int, description: str | None = None, advance: float = 0, **_) -> None:
+        t = self._tasks[task]
+        t["done"] += advance
+        if description and description != t["description"]:
+            t["description"] = description
+            self._line(t, description)
+
+    def _line(self, t: dict, what: str) -> None:
+        dt = time.perf_counter() - t["t0"]
+        done, total = t["done"], t["total"]
+        count = f"[{done:.0f}/{total:.0f}]" if total else ""
+        eta = f", eta {_clock(dt * (total - done) / done)}" if total and 0 < done < total else ""
+        parts = [self.name, count, f"{what} ({_clock(dt)} elapsed{eta})"]
+        self.console.print(" ".join(x for x in parts if x), markup=False, highlight=False, soft_wrap=True)
+
+
+def work_progress(name: str, console: Console, *columns) -> "Progress | LineProgress":
+    """A rich bar named `name` with `columns` after it where `console` is a terminal; whole lines
+    (LineProgress) where it is not."""
+    if not console.is_terminal:
+        return LineProgress(name, console)
+    return Progress(TextColumn(f"[bold]{name}"), BarColumn(), *columns, console=console)

@@ -77,8 +77,9 @@ from pathlib import Path
 import torch
 import yaml
 from rich.console import Console
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import TextColumn, TimeElapsedColumn
 
+from ..callbacks.progress import work_progress
 from ..config import Recipe, load_recipe, to_dict
 from ..core import Time
 from ..data.download import data_root
@@ -323,8 +324,8 @@ class Tuner:
         plan = stages(self.recipe)
         total = sum(len(o) for _, o, _ in plan) * self.rounds + 3 * self.rounds
         budget = time.strftime("%H:%M:%S", time.gmtime(self.budget_s)).lstrip("0:") or "0"
-        with Progress(TextColumn("[bold]tune"), BarColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
-                      TextColumn(f"of a {budget} budget"), console=self.console) as progress:
+        with work_progress("tune", self.console, TextColumn("{task.description}"), TimeElapsedColumn(),
+                           TextColumn(f"of a {budget} budget")) as progress:
             task = progress.add_task("", total=total)
             with self._clock("as written"):
                 written = self.measure([Option("as written", "the recipe as written", [])], [], progress, task)[0]
