@@ -232,6 +232,42 @@ def test_sparse_storage_round_trips_exactly_and_shrinks_the_file(tmp_path):
     weights, meta, calib = read_artifact(tmp_path / "a.hasten")
     assert torch.equal(weights["w"], w) and meta == {"x": 1} and calib is None
     assert pack_sparse(torch.randn(256, 128)).__class__ is torch.Tensor    # dense stays dense
+    q = torch.randint(-128, 128, (64, 32), dtype=torch.int8)
+    q[torch.rand(64, 32) < 0.6] = 0                                         # int8 weights of a pruned layer pack too
+    assert isinstance(pack_sparse(q), dict) and torch.equal(unpack_sparse(pack_sparse(q)), q)
+    save_artifact(tmp_path / "old.hasten", {"w": w}, {}, calibration=[torch.ones(2, 3)])   # the older int8-static form
+    assert torch.equal(read_artifact(tmp_path / "old.hasten")[2]["calibration"][0], torch.ones(2, 3))
+
+
+@pytest.mark.slow
+def test_int8_static_state_rebuilds_the_same_graph_from_a_fresh_model(tmp_path):
+    """An int8-static artifact stores the int8 graph's tensors and numbers, not float weights and
+    batches: put back into the graph a freshly built model quantizes to, they compute exactly
+    what the saved graph did, and the file is a fraction of the float weights'."""
+    pytest.importorskip("torchao")
+    from hasten.compress.quantize import quantize_static_from, static_state
+    torch.manual_seed(0)
+    net = SpeedrunNet(widths=(16, 32, 32), logit_scale=1.0, head_std=1.0, act="relu").eval()
+    for m in net.modules():
+        if isinstance(m, nn.BatchNorm2d):
+            m.running_mean.normal_(0, 0.1), m.running_var.uniform_(0.5, 2.0)
+    x = torch.randn(64, 3, 32, 32)
+    saved = hc.quantize_static(net, [x])
+    size = save_artifact(tmp_path / "q.hasten", {}, {}, static=static_state(saved))
+    torch.save(net.state_dict(), tmp_path / "fp32.pt")
+    assert size < 0.4 * (tmp_path / "fp32.pt").stat().st_size
+    weights, _, static = read_artifact(tmp_path / "q.hasten")
+    assert weights == {} and all(t.dtype != torch.float32 or t.dim() < 2 for t in static["tensors"].values())
+    torch.manual_seed(1)
+    fresh = SpeedrunNet(widths=(16, 32, 32), logit_scale=1.0, head_std=1.0, act="relu").eval()   # other weights
+    y = torch.randn(5, 3, 32, 32)
+    assert not torch.allclose(fresh(y), net(y), atol=0.1)
+    loaded = quantize_static_from(fresh, torch.randn(2, 3, 32, 32), static)
+    assert torch.equal(loaded(y), saved(y))
+    wrong = {"tensors": {**static["tensors"], "_frozen_param1": static["tensors"]["_frozen_param1"][:-1]},
+             "numbers": static["numbers"]}                                  # as from a model one unit narrower
+    with pytest.raises(ValueError, match="_frozen_param1: stored"):
+        quantize_static_from(fresh, torch.randn(2, 3, 32, 32), wrong)
 
 
 def test_corrupt_truncated_foreign_and_code_carrying_files_get_one_line_errors(tmp_path):
@@ -353,6 +389,7 @@ def test_int8_static_artifact_of_a_conv_run_reloads_to_the_same_evaluation(tmp_p
     assert r.returncode == 0, r.stderr
     report = json.loads((tmp_path / "c.json").read_text())
     assert report["model_changes"] == {"widths": [6, 12, 12]} and (tmp_path / "c.pt2").is_file()
+    assert report["artifact_form"] == "int8 graph"                           # checked to rebuild alike
     r = _cli("eval", "c.hasten", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     acc = float(r.stdout.split("val/acc=")[1].split()[0])

@@ -8,8 +8,11 @@ checkpoint) holding
 - `weights`: the state dict. A weight with enough zeros is stored compressed: its non-zero
   values plus a bit mask (one bit per weight), so 50% sparsity takes about 53% of the dense
   bytes on disk; torchao's int8 tensors are stored as they are (they need torchao to load);
-- `calibration`: for int8-static, the batches the quantization was calibrated on, so loading
-  re-quantizes to the same model.
+- `int8_static`: for int8-static, what makes the int8 graph this model's (`tensors`: its int8
+  weights, scales, zero points and float biases, sparse ones packed like weights; `numbers`:
+  the activations' scales and zero points), put back into the graph the recipe's model
+  quantizes to when loaded; `weights` is then empty. Artifacts written before this held
+  float weights and `calibration`, the batches to re-quantize from; they still load.
 
 Written atomically: a crash leaves the previous file (or none), never half of one.
 """
@@ -31,8 +34,8 @@ _BITS = torch.tensor([128, 64, 32, 16, 8, 4, 2, 1], dtype=torch.uint8)
 
 
 def pack_sparse(t: torch.Tensor) -> dict | torch.Tensor:
-    """A plain float tensor with zeros as {values, bits, shape}, when that is smaller."""
-    if type(t) is not torch.Tensor or not t.is_floating_point() or t.numel() < 64:
+    """A plain float or int8 tensor with zeros as {values, bits, shape}, when that is smaller."""
+    if type(t) is not torch.Tensor or not (t.is_floating_point() or t.dtype == torch.int8) or t.numel() < 64:
         return t
     nz = t != 0
     n = int(nz.sum())
@@ -60,12 +63,18 @@ def unpack_sparse(v) -> torch.Tensor:
     return out.reshape(shape)
 
 
-def save_artifact(path: "str | os.PathLike", state_dict: dict, meta: dict, calibration=None) -> int:
-    """Write an artifact atomically; returns its size in bytes."""
+def _packed(tensors: dict) -> dict:
+    return {k: pack_sparse(v.detach().cpu() if isinstance(v, torch.Tensor) else v) for k, v in tensors.items()}
+
+
+def save_artifact(path: "str | os.PathLike", state_dict: dict, meta: dict, calibration=None,
+                  static: dict | None = None) -> int:
+    """Write an artifact atomically; returns its size in bytes. `static`: an int8-static graph's
+    state (quantize.static_state); `calibration`: the older form's batches."""
     path = Path(path)
-    payload = {"format": FORMAT, "meta": json.dumps(meta, default=str),
-               "weights": {k: pack_sparse(v.detach().cpu() if isinstance(v, torch.Tensor) else v)
-                           for k, v in state_dict.items()}}
+    payload = {"format": FORMAT, "meta": json.dumps(meta, default=str), "weights": _packed(state_dict)}
+    if static is not None:
+        payload["int8_static"] = {"tensors": _packed(static["tensors"]), "numbers": static["numbers"]}
     if calibration is not None:
         payload["calibration"] = [c.detach().cpu() for c in calibration]
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -73,9 +82,10 @@ def save_artifact(path: "str | os.PathLike", state_dict: dict, meta: dict, calib
     return path.stat().st_size
 
 
-def read_artifact(path: "str | os.PathLike") -> tuple[dict, dict, list | None]:
-    """(state dict, meta, calibration batches) of an artifact; a one-line CheckpointError for a
-    missing, corrupt or foreign file."""
+def read_artifact(path: "str | os.PathLike") -> tuple[dict, dict, dict | None]:
+    """(state dict, meta, int8-static state) of an artifact; the last is None unless int8-static:
+    {"tensors", "numbers"}, or {"calibration": batches} for an artifact of the older form. A
+    one-line CheckpointError for a missing, corrupt or foreign file."""
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"no artifact at {path}")
@@ -105,9 +115,15 @@ def read_artifact(path: "str | os.PathLike") -> tuple[dict, dict, list | None]:
     try:
         meta = json.loads(payload["meta"])
         weights = {k: unpack_sparse(v) for k, v in payload["weights"].items()}
+        static = None
+        if "int8_static" in payload:
+            static = {"tensors": {k: unpack_sparse(v) for k, v in payload["int8_static"]["tensors"].items()},
+                      "numbers": list(payload["int8_static"]["numbers"])}
+        elif payload.get("calibration") is not None:
+            static = {"calibration": payload["calibration"]}
     except (KeyError, ValueError, TypeError) as e:
         raise CheckpointError(f"artifact {path} is damaged: {type(e).__name__}: {e}") from e
-    return weights, meta, payload.get("calibration")
+    return weights, meta, static
 
 
 __all__ = ["FORMAT", "pack_sparse", "read_artifact", "save_artifact", "unpack_sparse"]

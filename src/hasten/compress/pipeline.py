@@ -287,11 +287,13 @@ def compress_run(source, prune: float = 0.0, scope: str = "global", structured_r
     sparsity = pruning.layer_sparsity(model) if prune else {}
     params_after = pruning.count_parameters(model)
     state_dict = model.state_dict()
-    final, calibration = model, None
+    final, calibration, static = model, None, None
     if quant == "int8-static":
-        calibration = [c.half() if c.is_floating_point() else c for c in calib]
         final = quantize.quantize_static(model, calib)
         steps.append("int8-static quantization (PT2E, X86InductorQuantizer, calibrated on 2 training batches)")
+        static, state_dict = static_state_checked(final, work, calib[0], log)
+        if static is None:   # the graph did not rebuild alike: the older form, float weights and the batches
+            calibration = [c.half() if c.is_floating_point() else c for c in calib]
     elif quant:
         n = quantize.quantize_linear(model, quant)
         state_dict = model.state_dict()
@@ -313,10 +315,12 @@ def compress_run(source, prune: float = 0.0, scope: str = "global", structured_r
                 "flags": sorted(f for f in quantize.cpu_flags() if f.startswith(("avx", "amx")))},
         "torch": torch.__version__, "threads": torch.get_num_threads(), "code": code_version(),
     }
+    if quant == "int8-static":
+        record["artifact_form"] = "int8 graph" if static is not None else "float weights and calibration batches"
     meta_out = {**record, "recipe": to_dict(recipe), "recipe_name": recipe.name}
     outputs.clear_temporaries(files)
     outputs.claim(files, settings)
-    size = save_artifact(out, state_dict, meta_out, calibration)
+    size = save_artifact(out, state_dict, meta_out, calibration, static)
     dense_bytes = _dense_bytes(reference)
     record["bytes"] = {"artifact": size, "dense_fp32": dense_bytes}
     if export:
@@ -418,10 +422,37 @@ def render(r: dict) -> str:
             lines += ["", "\"before in bf16\" is the model before, run under bf16 autocast (this CPU computes bf16 in "
                       "hardware): timed only; the quality above is fp32's."]
     if r["compression"]["quantize"] == "int8-static":
-        lines += ["", "The int8-static artifact holds float weights and its calibration batches (fp16) and is "
-                  "re-quantized when loaded; the int8 program itself is what --export writes."]
+        if r.get("artifact_form") == "float weights and calibration batches":
+            lines += ["", "This int8-static artifact holds float weights and its calibration batches (fp16) and is "
+                      "re-quantized when loaded: the int8 graph did not rebuild alike from the recipe's model here."]
+        else:
+            lines += ["", "The int8-static artifact holds the int8 graph's weights, scales and biases and the "
+                      "activations' quantization parameters; loading builds the same graph from the recipe's model "
+                      "and puts them back. --export writes the int8 program itself, for use without hasten."]
     lines += ["", f"CPU flags: {', '.join(r['cpu']['flags'])}.", f"Code: {describe(r['code'])}.", ""]
     return "\n".join(lines)
+
+
+def static_state_checked(final, session: Session, example, log) -> tuple[dict | None, dict]:
+    """(the int8-static graph's state, the float weights to store beside it: none) when a graph
+    rebuilt from the recipe's model with that state computes exactly what `final` does; else
+    (None, the float weights), the older form that stores the calibration batches."""
+    state = quantize.static_state(final)
+    try:
+        fresh = copy.deepcopy(session.model).eval()
+        rebuilt = quantize.quantize_static_from(fresh, TASKS[session.recipe.task].example_inputs(session.built, 2), state)
+        x = index_batch(example, torch.arange(min(8, batch_size(example))))
+        with torch.no_grad():
+            same = torch.equal(rebuilt(x), final(x))
+    except (ValueError, RuntimeError) as e:
+        same, why = False, first_line(e)[:200]
+    else:
+        why = "its outputs differ"
+    if same:
+        return state, {}
+    log(f"note: the int8 graph did not rebuild alike from the recipe's model ({why}); the artifact stores the float "
+        "weights and the calibration batches instead")
+    return None, session.model.state_dict()
 
 
 # ---------------------------------------------------------------------------- loading artifacts
@@ -430,7 +461,7 @@ def load_artifact(path, overrides: list[str] = (), device: str = "cpu",
     """(model, session, meta) of an artifact: the recipe's model (its surgery replayed, the
     smaller config of structured pruning), its weights, its quantization re-applied. Code the
     recipe names is imported only as hasten.usercode.check_trust allows."""
-    weights, meta, calibration = read_artifact(path)
+    weights, meta, static = read_artifact(path)
     raw = dict(meta["recipe"])
     check_trust(path, raw, trust_code, f"loading {path}")
     for text in overrides:
@@ -441,6 +472,15 @@ def load_artifact(path, overrides: list[str] = (), device: str = "cpu",
     model = session.model
     pruning.make_permanent(model)   # a recipe with gradual pruning adds masks at INIT: the artifact's weights are final
     quant = (meta.get("compression") or {}).get("quantize")
+    if quant == "int8-static" and static and "tensors" in static:   # the int8 graph's own numbers, no float weights
+        model.eval()
+        try:
+            model = quantize.quantize_static_from(model, TASKS[recipe.task].example_inputs(session.built, 2), static)
+        except (ValueError, RuntimeError) as e:
+            raise CheckpointError(f"{path}: its int8 graph does not fit the graph its recipe's model quantizes to "
+                                  f"here ({first_line(e)[:200]}); load it with the torch and torchao that wrote it "
+                                  f"({meta.get('torch', '?')})") from e
+        return model, session, meta
     try:
         if quant in ("int8", "int8-weight"):
             quantize.require_torchao()
@@ -451,8 +491,9 @@ def load_artifact(path, overrides: list[str] = (), device: str = "cpu",
         raise CheckpointError(f"{path}: its weights do not fit the model its recipe builds: "
                               f"{first_line(e)[:200]}") from e
     model.eval()
-    if quant == "int8-static":
-        model = quantize.quantize_static(model, [c.float() if c.is_floating_point() else c for c in calibration or []])
+    if quant == "int8-static":   # the older form: float weights, re-quantized on the stored batches
+        calibration = (static or {}).get("calibration") or []
+        model = quantize.quantize_static(model, [c.float() if c.is_floating_point() else c for c in calibration])
     return model, session, meta
 
 

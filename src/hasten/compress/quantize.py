@@ -10,8 +10,11 @@ Modes:
 - `int8-static`: statically quantized int8 convolutions and linears for x86 through the PT2E
   flow (torch.export, torchao's `X86InductorQuantizer`, calibration on real batches,
   `convert_pt2e`), the supported path for convolutions on x86 CPUs; run it compiled. The
-  result is a graph module, not the original class: it is stored as float weights plus the
-  calibration batch and re-quantized (deterministically) when an artifact is loaded.
+  result is a graph module, not the original class. An artifact stores what makes the graph
+  this model's (`static_state`: its int8 weights, scales, zero points and float biases, and the
+  activations' quantization parameters written into its nodes), all plain tensors and numbers;
+  loading rebuilds the graph's shape from the recipe's model and puts them back
+  (`quantize_static_from`), so the loaded graph computes exactly what the saved one did.
 
 torchao is an extra (`pip install 'hasten[compress]'`); every mode says so when it is missing.
 """
@@ -118,5 +121,64 @@ def quantize_static(model: nn.Module, calibration: list[torch.Tensor]) -> nn.Mod
         return converted
 
 
+def _attr(gm: nn.Module, target: str):
+    owner, _, leaf = target.rpartition(".")
+    return getattr(gm.get_submodule(owner) if owner else gm, leaf)
+
+
+def _quant_nodes(gm) -> list:
+    """The graph's quantize and dequantize calls (torch's quantized_decomposed ops), in order."""
+    return [n for n in gm.graph.nodes
+            if n.op == "call_function" and getattr(n.target, "namespace", None) == "quantized_decomposed"]
+
+
+def _number(a):
+    return a if type(a) in (int, float) else None
+
+
+def static_state(gm: nn.Module) -> dict:
+    """What makes an int8-static graph module (quantize_static's result) this model's, as plain
+    tensors and numbers: `tensors`, every tensor the graph reads, by name (int8 weights, their
+    per-channel scales and zero points, float biases and batch-norm parameters), and `numbers`,
+    the scales and zero points written into each quantize and dequantize call as numbers (the
+    activations'), in graph order. Float weights that the graph no longer reads are left out."""
+    tensors = {}
+    for n in gm.graph.nodes:
+        if n.op == "get_attr":
+            t = _attr(gm, n.target)
+            if isinstance(t, torch.Tensor):
+                tensors[n.target] = t.detach().clone()
+    numbers = [[str(n.target), [_number(a) for a in n.args]] for n in _quant_nodes(gm)]
+    return {"tensors": tensors, "numbers": numbers}
+
+
+@torch.no_grad()
+def quantize_static_from(model: nn.Module, example: torch.Tensor, state: dict) -> nn.Module:
+    """The int8-static graph module that `static_state` described: the graph is built from
+    `model` (its class and shapes; its weights do not matter) on `example` inputs, then every
+    tensor and number of `state` is put back. ValueError when the two graphs differ in shape (a
+    model or a torch/torchao version that quantizes differently)."""
+    gm = quantize_static(model, [example])
+    tensors, numbers = state["tensors"], state["numbers"]
+    mine = {n.target for n in gm.graph.nodes if n.op == "get_attr" and isinstance(_attr(gm, n.target), torch.Tensor)}
+    if mine != set(tensors):
+        diff = sorted(mine ^ set(tensors))[:4]
+        raise ValueError(f"the int8 graph this model quantizes to reads other tensors than the stored one ({diff})")
+    nodes = _quant_nodes(gm)
+    if [str(n.target) for n in nodes] != [t for t, _ in numbers]:
+        raise ValueError("the int8 graph this model quantizes to has other quantize calls than the stored one")
+    for name, t in tensors.items():
+        cur = _attr(gm, name)
+        if cur.shape != t.shape or cur.dtype != t.dtype:
+            raise ValueError(f"{name}: stored {t.dtype} {tuple(t.shape)}, the graph has {cur.dtype} {tuple(cur.shape)}")
+        cur.copy_(t)
+    for n, (_, args) in zip(nodes, numbers):
+        if len(args) != len(n.args) or any((a is None) != (_number(b) is None) for a, b in zip(args, n.args)):
+            raise ValueError(f"the arguments of {n.target} differ from the stored graph's")
+        n.args = tuple(b if a is None else a for a, b in zip(args, n.args))
+    gm.recompile()
+    return gm
+
+
 __all__ = ["MODES", "check_mode", "cpu_flags", "cpu_name", "int8_hardware", "quantize_linear", "quantize_static",
-           "require_torchao"]
+           "quantize_static_from", "require_torchao", "static_state"]
