@@ -51,6 +51,10 @@ def test_overrides_apply_with_yaml_values():
     ("task=vision", "not a known task"),
     ("schedule.warmup=100", "schedule.warmup"),
     ("trainer.max_duration", "key.sub=value"),
+    ("trainer.lr=1", "'lr' is a key of optimizer and optimizer.muon: write optimizer.lr or optimizer.muon.lr"),
+    ("trainer.batch_size=8", "'batch_size' is a key of data: write data.batch_size"),
+    ("optimizer.max_duration=8ba", "write trainer.max_duration"),
+    ("data.n_layer=2", "'n_layer' is a key of model: write model.n_layer"),
 ])
 def test_bad_keys_and_values_are_named(override, needle):
     with pytest.raises(ConfigError) as e:

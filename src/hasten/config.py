@@ -24,7 +24,7 @@ from .registry import ALGORITHMS, TASKS
 from .runtime import names_float8
 # the schema helpers live in a leaf module (tasks import them without importing this one);
 # check_time, coerce and from_dict are re-exported here for existing users
-from .schema import (NUMBER, DataSection, ModelSection, check_time, coerce, device_string,  # noqa: F401
+from .schema import (NUMBER, DataSection, ModelSection, UnknownKey, check_time, coerce, device_string,  # noqa: F401
                      fractions_below_one, from_dict, reference_table, setting, signature_config, suggest)
 
 RECIPE_SCHEMA_VERSION = 2   # recipe.yaml files in run folders record it; raised when keys are renamed (2: nested optimizer keys)
@@ -430,6 +430,29 @@ def validate(raw: dict, tasks: dict | None = None, algorithms: dict | None = Non
     """A Recipe from a raw mapping, every key and value checked. `tasks` and `algorithms` are
     the registries names are looked up in (default: hasten.registry's, filled by declaration)."""
     tasks = TASKS if tasks is None else tasks
+    try:
+        return _validate(raw, tasks, algorithms)
+    except UnknownKey as e:
+        homes = _homes_of(e.key, e.section, tasks.get(raw.get("task")) if isinstance(raw.get("task"), str) else None)
+        if not homes:
+            raise
+        text = str(e).split(" Did you mean")[0]
+        raise ConfigError(f"{text} {e.key!r} is a key of {' and '.join(homes)}: write "
+                          f"{' or '.join(f'{h}.{e.key}' for h in homes)}") from None
+
+
+def _homes_of(key: str, section: str, spec) -> list[str]:
+    """The sections other than `section` that have `key` (trainer.lr -> optimizer)."""
+    homes = [("trainer", TrainerConfig), ("trainer.fsdp", FSDPOptions), ("optimizer", OptimizerConfig),
+             ("optimizer.sgd", SGDSettings), ("optimizer.adam", AdamSettings), ("optimizer.muon", MuonSettings),
+             ("schedule", ScheduleConfig)]
+    if spec is not None:
+        homes += [("data", spec.data_config)] + ([("model", spec.model_config)]
+                                                 if dataclasses.is_dataclass(spec.model_config) else [])
+    return [name for name, cls in homes if name != section and key in {f.name for f in dataclasses.fields(cls)}]
+
+
+def _validate(raw: dict, tasks: dict, algorithms: dict | None) -> Recipe:
     algorithms = ALGORITHMS if algorithms is None else algorithms
     where = raw.get("name", "recipe")
     for key in raw:

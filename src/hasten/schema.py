@@ -25,6 +25,15 @@ _MISSING = dataclasses.MISSING
 NUMBER = re.compile(r"^[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)$")
 
 
+class UnknownKey(ConfigError):
+    """A key a section does not have (`section`, `key`): the recipe's loader adds where the key
+    does live when another section has it (`trainer.lr` -> `optimizer.lr`)."""
+
+    def __init__(self, message: str, section: str, key: str):
+        super().__init__(message)
+        self.section, self.key = section, key
+
+
 def suggest(key: str, allowed) -> str:
     """' Did you mean X?' for the allowed value closest to `key`, or '' when none is close."""
     close = difflib.get_close_matches(key, list(allowed), n=1, cutoff=0.5)
@@ -198,7 +207,8 @@ def from_dict(cls, data: dict | None, path: str = ""):
     for key, value in data.items():
         where = f"{path}.{key}" if path else str(key)
         if key not in names:
-            raise ConfigError(f"unknown key {where!r}; allowed keys here: {names}.{suggest(str(key), names)}")
+            raise UnknownKey(f"unknown key {where!r}; allowed keys here: {names}.{suggest(str(key), names)}",
+                             path, str(key))
         kwargs[key] = coerce(value, hints[key], where)
         check_setting(fields[key], kwargs[key], where)
     missing = [f.name for f in dataclasses.fields(cls)
