@@ -355,6 +355,9 @@ def test_compress_then_eval_end_to_end(trained_run):
     assert report["model_changes"] == {"mlp_hidden": 96, "n_head": 2, "head_dim": 16}   # 2 heads: 1.5 rounds to 2
     assert report["parameters"]["nonzero_after"] < report["parameters"]["nonzero_before"]
     assert (root / "out" / "tiny.md").is_file()
+    from hasten.allocator import host_allocator_state
+    assert report["host_allocator"] == host_allocator_state()            # recorded, as the recipe's setting left it
+    assert report["host_allocator"].lower() in (root / "out" / "tiny.md").read_text().lower()
     r = run_cli("eval", "out/tiny.hasten", cwd=root)
     assert r.returncode == 0, r.stderr
     loss = float(r.stdout.split("val/loss=")[1].split()[0])

@@ -34,6 +34,7 @@ from ..core import Event, Time
 from ..data.batches import batch_size, index_batch
 from ..errors import CheckpointError, ConfigError, first_line
 from ..files import atomic_write
+from ..allocator import host_allocator_state
 from ..hardware import cpu_has_bf16
 from ..optim import LRSchedule
 from ..provenance import code_version, describe
@@ -68,7 +69,7 @@ class Session:
 def _runtime(recipe: Recipe, device: str = "cpu"):
     t = recipe.trainer
     return make_runtime(device=device, precision="fp32", seed=t.seed, threads=t.threads,
-                        host_allocator="default", parallelism="none")
+                        host_allocator=t.host_allocator, parallelism="none")   # as hasten train runs it
 
 
 def with_model_changes(recipe: Recipe, changes: dict) -> Recipe:
@@ -314,6 +315,7 @@ def compress_run(source, prune: float = 0.0, scope: str = "global", structured_r
         "cpu": {"name": quantize.cpu_name(), "int8_hardware": quantize.int8_hardware(),
                 "flags": sorted(f for f in quantize.cpu_flags() if f.startswith(("avx", "amx")))},
         "torch": torch.__version__, "threads": torch.get_num_threads(), "code": code_version(),
+        "host_allocator": host_allocator_state(),
     }
     if quant == "int8-static":
         record["artifact_form"] = "int8 graph" if static is not None else "float weights and calibration batches"
@@ -429,7 +431,10 @@ def render(r: dict) -> str:
             lines += ["", "The int8-static artifact holds the int8 graph's weights, scales and biases and the "
                       "activations' quantization parameters; loading builds the same graph from the recipe's model "
                       "and puts them back. --export writes the int8 program itself, for use without hasten."]
-    lines += ["", f"CPU flags: {', '.join(r['cpu']['flags'])}.", f"Code: {describe(r['code'])}.", ""]
+    lines += ["", f"CPU flags: {', '.join(r['cpu']['flags'])}."]
+    if r.get("host_allocator"):   # older reports do not say; they ran under glibc's defaults
+        lines += [f"The process's {r['host_allocator'][0].lower()}{r['host_allocator'][1:]}."]
+    lines += [f"Code: {describe(r['code'])}.", ""]
     return "\n".join(lines)
 
 
