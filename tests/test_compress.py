@@ -351,6 +351,7 @@ def test_compress_then_eval_end_to_end(trained_run):
     r = run_cli("compress", "run", "--structured", "0.25", "--prune", "0.5", "--quantize", "int8", "--finetune", "4ba",
              "--no-latency", "--out", "out/tiny.hasten", cwd=root)
     assert r.returncode == 0, r.stderr
+    assert "train 4/4 ba (100%)" in r.stderr                                 # the fine-tune's progress, in whole lines
     report = json.loads((root / "out" / "tiny.json").read_text())
     assert report["model_changes"] == {"mlp_hidden": 96, "n_head": 2, "head_dim": 16}   # 2 heads: 1.5 rounds to 2
     assert report["parameters"]["nonzero_after"] < report["parameters"]["nonzero_before"]

@@ -301,7 +301,7 @@ def _cmd_compress(args) -> int:
                               quant=args.quantize, finetune_for=args.finetune, lr_factor=args.finetune_lr,
                               out=args.out, overrides=args.overrides, export=args.export,
                               latency=not args.no_latency, repeats=args.repeats,
-                              trust_code=args.trust_code)
+                              trust_code=args.trust_code, progress=not args.no_progress)
     except ValueError as e:   # a bad sparsity or mode from the functional layer: a user mistake
         if isinstance(e, HastenError):
             raise
@@ -466,6 +466,7 @@ def make_parser() -> argparse.ArgumentParser:
     c.add_argument("--export", action="store_true", help="also write a torch.export program (FILE.pt2)")
     c.add_argument("--no-latency", action="store_true", help="skip the CPU inference measurement")
     c.add_argument("--repeats", type=int, default=7, help="timed runs per model, path and batch (default 7)")
+    c.add_argument("--no-progress", action="store_true", help="no progress bar for the fine-tune")
     c.add_argument("--trust-code", action="store_true", help="import the code (model or data) a recipe written "
                    "by another user names (see docs/your-model.md: a recipe that names code runs it)")
     c.set_defaults(func=_cmd_compress)

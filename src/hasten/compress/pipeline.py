@@ -27,6 +27,7 @@ from pathlib import Path
 import torch
 
 from ..build import build_algorithms, build_optimizer
+from ..callbacks import ProgressBar
 from ..checkpoint import CheckpointIO, find_latest
 from ..checkpoint.format import MODEL_MISMATCH_FIX, model_mismatch
 from ..config import Recipe, apply_override, parse_override, to_dict, validate
@@ -172,12 +173,13 @@ def load_trained(session: Session, ckpt: Path) -> dict:
     return meta
 
 
-def finetune(model: torch.nn.Module, session: Session, duration: str, lr_factor: float = 0.1) -> dict:
+def finetune(model: torch.nn.Module, session: Session, duration: str, lr_factor: float = 0.1,
+             progress: bool = False) -> dict:
     """Train `model` (pruned: its masks hold the zeros) on the recipe's data for `duration`,
     with the recipe's optimizer at `lr_factor` times its learning rates, decaying linearly to
     zero; the algorithms that shape the loss and the evaluation are kept (FINETUNE_KEEP), the
     others, which belong to the original run's course (warm-ups, resizing, averaging), are not.
-    Returns the evaluation at its end."""
+    Returns the evaluation at its end. `progress`: a ProgressBar (whole lines off a terminal)."""
     recipe = session.recipe
     names = list(recipe.algorithms)
     fresh = build_algorithms(recipe)
@@ -194,7 +196,7 @@ def finetune(model: torch.nn.Module, session: Session, duration: str, lr_factor:
                 metrics=copy.deepcopy(session.built.metrics), loss_fn=session.built.loss_fn, algorithms=algos,
                 runtime=session.trainer.runtime, optimizers=optimizers, schedulers=[LRSchedule("linear", min_factor=0.0)],
                 max_duration=duration, eval_interval=duration, log_interval=duration,
-                grad_clip_norm=recipe.trainer.grad_clip_norm)
+                grad_clip_norm=recipe.trainer.grad_clip_norm, callbacks=[ProgressBar()] if progress else [])
     t.fit(summary=False)
     model.eval()
     return dict(t.state.eval_metrics)
@@ -224,7 +226,7 @@ def compress_run(source, prune: float = 0.0, scope: str = "global", structured_r
                  quant: str | None = None, finetune_for: str | None = None, lr_factor: float = 0.1,
                  out: "str | Path | None" = None, overrides: list[str] = (), export: bool = False,
                  latency: bool = True, repeats: int = 7, device: str = "cpu", log=print,
-                 trust_code: bool = False) -> Result:
+                 trust_code: bool = False, progress: bool = True) -> Result:
     """Compress the trained model of a run folder (or one of its checkpoints); see the module doc.
     A run whose recipe names code (a user's model or data) is said so before it is imported,
     and refused when the folder is another user's unless `trust_code` (hasten.usercode)."""
@@ -281,7 +283,7 @@ def compress_run(source, prune: float = 0.0, scope: str = "global", structured_r
     tuned = None
     if finetune_for:
         log(f"fine-tuning for {finetune_for} at {lr_factor:g}x the recipe's learning rates")
-        tuned = finetune(model, work, finetune_for, lr_factor)
+        tuned = finetune(model, work, finetune_for, lr_factor, progress=progress)
         steps.append(f"fine-tuning for {finetune_for} at {lr_factor:g}x the learning rates, linear decay to 0")
     pruning.make_permanent(model)
     model.eval()
