@@ -158,7 +158,13 @@ def quantize_static_from(model: nn.Module, example: torch.Tensor, state: dict) -
     `model` (its class and shapes; its weights do not matter) on `example` inputs, then every
     tensor and number of `state` is put back. ValueError when the two graphs differ in shape (a
     model or a torch/torchao version that quantizes differently)."""
-    gm = quantize_static(model, [example])
+    return put_static_state(quantize_static(model, [example]), state)
+
+
+@torch.no_grad()
+def put_static_state(gm: nn.Module, state: dict) -> nn.Module:
+    """Put `state` (static_state's) into the int8-static graph module `gm`, in place; ValueError,
+    before anything is changed, when they differ in shape."""
     tensors, numbers = state["tensors"], state["numbers"]
     mine = {n.target for n in gm.graph.nodes if n.op == "get_attr" and isinstance(_attr(gm, n.target), torch.Tensor)}
     if mine != set(tensors):
@@ -171,14 +177,16 @@ def quantize_static_from(model: nn.Module, example: torch.Tensor, state: dict) -
         cur = _attr(gm, name)
         if cur.shape != t.shape or cur.dtype != t.dtype:
             raise ValueError(f"{name}: stored {t.dtype} {tuple(t.shape)}, the graph has {cur.dtype} {tuple(cur.shape)}")
-        cur.copy_(t)
     for n, (_, args) in zip(nodes, numbers):
         if len(args) != len(n.args) or any((a is None) != (_number(b) is None) for a, b in zip(args, n.args)):
             raise ValueError(f"the arguments of {n.target} differ from the stored graph's")
+    for name, t in tensors.items():
+        _attr(gm, name).copy_(t)
+    for n, (_, args) in zip(nodes, numbers):
         n.args = tuple(b if a is None else a for a, b in zip(args, n.args))
     gm.recompile()
     return gm
 
 
 __all__ = ["MODES", "check_mode", "cpu_flags", "cpu_name", "int8_hardware", "quantize_linear", "quantize_static",
-           "quantize_static_from", "require_torchao", "static_state"]
+           "quantize_static_from", "put_static_state", "require_torchao", "static_state"]
