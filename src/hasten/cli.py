@@ -312,8 +312,11 @@ def _cmd_compress(args) -> int:
 
 
 def _cmd_eval(args) -> int:
+    t0 = time.perf_counter()
+    print(f"evaluating {args.artifact} on its recipe's evaluation data", file=sys.stderr, flush=True)
     metrics = evaluate_artifact(args.artifact, args.overrides, trust_code=args.trust_code)
     print("  ".join(f"{k}={v:.4f}" for k, v in metrics.items()))
+    print(f"done in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
     return 0
 
 
