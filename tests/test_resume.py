@@ -95,6 +95,7 @@ def test_the_printed_command_continues_the_same_run_exactly(tmp_path, sig, code,
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == code, err
     assert f"stopped by {what}" in out and "checkpoint: " in out
+    assert "autoresume" not in out        # the CLI's own resume command, not the Trainer's hint for Python users
     if sig == signal.SIGINT:
         assert "saving a checkpoint" in err
     command = out.split("Resume with: ")[1].split()
@@ -146,6 +147,6 @@ def test_ctrl_c_to_the_whole_group_saves_even_when_loader_workers_die_of_it(tmp_
     os.killpg(proc.pid, signal.SIGINT)
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 0, err
-    assert "Ctrl-C received: checkpoint written" in out
+    assert "Ctrl-C received: checkpoint written" in out and "resume with autoresume=True" in out   # the Trainer's hint
     reason, batch = out.splitlines()[-1].split()[1:3]
     assert reason == "sigint" and (tmp_path / f"ep0-ba{batch}.pt").is_file()

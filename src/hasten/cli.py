@@ -108,6 +108,7 @@ def _train(args, recipe, console) -> int:
                                                    if run.trainer.world.size > 1 else ""))
     t0 = time.perf_counter()
     finished = False
+    run.trainer.resume_hint = ""   # a stop by a signal ends with the command that resumes it, below
     try:
         run.trainer.fit(summary=False)
         finished = state.stop_reason not in ("sigterm", "sigint")

@@ -135,6 +135,8 @@ class Trainer:
         self.grad_clip_norm, self.host_allocator = parts.step.grad_clip_norm, parts.runtime.allocator_report
         self._eval_model, self._grad_sync = parts.prepared.eval_model, parts.prepared.grad_sync
         self._stop = parts.stop
+        # said after the checkpoint a signal wrote; hasten train prints its own (`--resume RUN`)
+        self.resume_hint = "resume with autoresume=True"
         self.state.evaluate = self._evaluate_for_algorithms if parts.eval_dataloader is not None else None
         self._on_cpu = self.device.type == "cpu"   # CPU batches need no move
         self._count_targets, self._step_loss = False, None   # set for each fit (_prepare_step)
@@ -675,7 +677,8 @@ class Trainer:
             return
         path = self.checkpointer.save(state)
         if self.world.is_main:
-            print(f"{what} received: checkpoint written to {path}; resume with autoresume=True", flush=True)
+            print(f"{what} received: checkpoint written to {path}" + (f"; {self.resume_hint}" if self.resume_hint else ""),
+                  flush=True)
 
     # ------------------------------------------------------------------ evaluate / predict
     @torch.inference_mode()
