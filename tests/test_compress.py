@@ -399,6 +399,12 @@ def test_int8_static_artifact_of_a_conv_run_reloads_to_the_same_evaluation(tmp_p
     assert r.returncode == 0, r.stderr
     acc = float(r.stdout.split("val/acc=")[1].split()[0])
     assert acc == pytest.approx(report["after"]["val/acc"], abs=1e-4)        # re-quantized to the same model
+    payload = torch.load(tmp_path / "c.hasten", weights_only=True)          # as from a torchao that quantizes
+    payload["int8_static"]["numbers"] = payload["int8_static"]["numbers"][:-1]   # to another graph
+    torch.save(payload, tmp_path / "other.hasten")
+    r = _cli("eval", "other.hasten", cwd=tmp_path)
+    assert r.returncode != 0 and "Traceback" not in r.stderr and "does not fit the graph" in r.stderr, r.stderr
+    assert f"torch {torch.__version__}" in r.stderr and "torchao 0." in r.stderr
     program = torch.export.load(tmp_path / "c.pt2").module()                 # and usable without hasten
     assert program(torch.randn(3, 3, 32, 32)).shape == (3, 10)
 

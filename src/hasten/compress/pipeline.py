@@ -319,6 +319,8 @@ def compress_run(source, prune: float = 0.0, scope: str = "global", structured_r
         "torch": torch.__version__, "threads": torch.get_num_threads(), "code": code_version(),
         "host_allocator": host_allocator_state(),
     }
+    if quant:
+        record["torchao"] = quantize.require_torchao().__version__
     if quant == "int8-static":
         record["artifact_form"] = "int8 graph" if static is not None else "float weights and calibration batches"
     meta_out = {**record, "recipe": to_dict(recipe), "recipe_name": recipe.name}
@@ -486,7 +488,8 @@ def load_artifact(path, overrides: list[str] = (), device: str = "cpu",
         except (ValueError, RuntimeError) as e:
             raise CheckpointError(f"{path}: its int8 graph does not fit the graph its recipe's model quantizes to "
                                   f"here ({first_line(e)[:200]}); load it with the torch and torchao that wrote it "
-                                  f"({meta.get('torch', '?')})") from e
+                                  f"(torch {meta.get('torch', '?')}, torchao {meta.get('torchao', '?')}), or use the "
+                                  "program --export wrote") from e
         return model, session, meta
     try:
         if quant in ("int8", "int8-weight"):
