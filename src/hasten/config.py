@@ -426,6 +426,12 @@ def load_recipe(name_or_path: str, overrides: list[str] = ()) -> Recipe:
 RECIPE_KEYS = ("task", "description", "model", "data", "optimizer", "schedule", "trainer", "algorithms", "name")
 
 
+# the sections every recipe has, whatever its task (data and model come from the task)
+SECTIONS = (("trainer", TrainerConfig), ("trainer.fsdp", FSDPOptions), ("optimizer", OptimizerConfig),
+            ("optimizer.sgd", SGDSettings), ("optimizer.adam", AdamSettings), ("optimizer.muon", MuonSettings),
+            ("schedule", ScheduleConfig))
+
+
 def validate(raw: dict, tasks: dict | None = None, algorithms: dict | None = None) -> Recipe:
     """A Recipe from a raw mapping, every key and value checked. `tasks` and `algorithms` are
     the registries names are looked up in (default: hasten.registry's, filled by declaration)."""
@@ -436,16 +442,13 @@ def validate(raw: dict, tasks: dict | None = None, algorithms: dict | None = Non
         homes = _homes_of(e.key, e.section, tasks.get(raw.get("task")) if isinstance(raw.get("task"), str) else None)
         if not homes:
             raise
-        text = str(e).split(" Did you mean")[0]
-        raise ConfigError(f"{text} {e.key!r} is a key of {' and '.join(homes)}: write "
+        raise ConfigError(f"{e.base} {e.key!r} is a key of {' and '.join(homes)}: write "
                           f"{' or '.join(f'{h}.{e.key}' for h in homes)}") from None
 
 
 def _homes_of(key: str, section: str, spec) -> list[str]:
     """The sections other than `section` that have `key` (trainer.lr -> optimizer)."""
-    homes = [("trainer", TrainerConfig), ("trainer.fsdp", FSDPOptions), ("optimizer", OptimizerConfig),
-             ("optimizer.sgd", SGDSettings), ("optimizer.adam", AdamSettings), ("optimizer.muon", MuonSettings),
-             ("schedule", ScheduleConfig)]
+    homes = list(SECTIONS)
     if spec is not None:
         homes += [("data", spec.data_config)] + ([("model", spec.model_config)]
                                                  if dataclasses.is_dataclass(spec.model_config) else [])
@@ -513,9 +516,7 @@ def reference() -> str:
              "Generated from the config classes (`python -m hasten.config > docs/configuration-reference.md`); "
              "a test checks that it is current. Ranges are checked when a recipe is loaded. "
              "See [configuration.md](configuration.md) for recipes and overrides.", ""]
-    sections = [("trainer", TrainerConfig), ("trainer.fsdp", FSDPOptions), ("optimizer", OptimizerConfig), ("optimizer.sgd", SGDSettings),
-                ("optimizer.adam", AdamSettings), ("optimizer.muon", MuonSettings), ("schedule", ScheduleConfig)]
-    for name, cls in sections:
+    for name, cls in SECTIONS:
         parts += [f"## {name}", "", (cls.__doc__ or "").strip(), "", reference_table(cls, name), ""]
     for task in sorted(dict.fromkeys(TASKS.values()), key=lambda t: t.name):
         aliases = sorted((task.name, *task.aliases))

@@ -27,10 +27,13 @@ NUMBER = re.compile(r"^[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)$")
 
 class UnknownKey(ConfigError):
     """A key a section does not have (`section`, `key`): the recipe's loader adds where the key
-    does live when another section has it (`trainer.lr` -> `optimizer.lr`)."""
+    does live when another section has it (`trainer.lr` -> `optimizer.lr`) to `base`, the
+    message without its closest-match suggestion."""
 
-    def __init__(self, message: str, section: str, key: str):
-        super().__init__(message)
+    def __init__(self, section: str, key: str, allowed: list):
+        where = f"{section}.{key}" if section else key
+        self.base = f"unknown key {where!r}; allowed keys here: {allowed}."
+        super().__init__(self.base + suggest(key, allowed))
         self.section, self.key = section, key
 
 
@@ -207,8 +210,7 @@ def from_dict(cls, data: dict | None, path: str = ""):
     for key, value in data.items():
         where = f"{path}.{key}" if path else str(key)
         if key not in names:
-            raise UnknownKey(f"unknown key {where!r}; allowed keys here: {names}.{suggest(str(key), names)}",
-                             path, str(key))
+            raise UnknownKey(path, str(key), names)
         kwargs[key] = coerce(value, hints[key], where)
         check_setting(fields[key], kwargs[key], where)
     missing = [f.name for f in dataclasses.fields(cls)

@@ -26,6 +26,7 @@ from pathlib import Path
 
 import torch
 
+from ..allocator import host_allocator_state
 from ..build import build_algorithms, build_optimizer
 from ..callbacks import ProgressBar
 from ..checkpoint import CheckpointIO, find_latest
@@ -35,7 +36,6 @@ from ..core import Event, Time
 from ..data.batches import batch_size, index_batch
 from ..errors import CheckpointError, ConfigError, first_line
 from ..files import atomic_write
-from ..allocator import host_allocator_state
 from ..hardware import cpu_has_bf16
 from ..optim import LRSchedule
 from ..provenance import code_version, describe
@@ -294,8 +294,10 @@ def compress_run(source, prune: float = 0.0, scope: str = "global", structured_r
     if quant == "int8-static":
         final = quantize.quantize_static(model, calib)
         steps.append("int8-static quantization (PT2E, X86InductorQuantizer, calibrated on 2 training batches)")
-        static, state_dict = static_state_checked(final, work, calib[0], log)
-        if static is None:   # the graph did not rebuild alike: the older form, float weights and the batches
+        static = static_state_checked(final, work, calib[0], log)
+        if static is not None:   # the int8 graph's own tensors and numbers; no float weights
+            state_dict = {}
+        else:   # it did not rebuild alike: the older form, float weights and the batches
             calibration = [c.half() if c.is_floating_point() else c for c in calib]
     elif quant:
         n = quantize.quantize_linear(model, quant)
@@ -442,10 +444,10 @@ def render(r: dict) -> str:
     return "\n".join(lines)
 
 
-def static_state_checked(final, session: Session, example, log) -> tuple[dict | None, dict]:
-    """(the int8-static graph's state, the float weights to store beside it: none) when a graph
-    rebuilt from the recipe's model with that state computes exactly what `final` does; else
-    (None, the float weights), the older form that stores the calibration batches."""
+def static_state_checked(final, session: Session, example, log) -> dict | None:
+    """The int8-static graph's state (quantize.static_state) when a graph rebuilt from the
+    recipe's model with it computes exactly what `final` does; else None (the artifact then
+    takes the older form: float weights and the calibration batches)."""
     state = quantize.static_state(final)
     try:
         fresh = copy.deepcopy(session.model).eval()
@@ -458,10 +460,10 @@ def static_state_checked(final, session: Session, example, log) -> tuple[dict | 
     else:
         why = "its outputs differ"
     if same:
-        return state, {}
+        return state
     log(f"note: the int8 graph did not rebuild alike from the recipe's model ({why}); the artifact stores the float "
         "weights and the calibration batches instead")
-    return None, session.model.state_dict()
+    return None
 
 
 # ---------------------------------------------------------------------------- loading artifacts

@@ -126,6 +126,11 @@ def _attr(gm: nn.Module, target: str):
     return getattr(gm.get_submodule(owner) if owner else gm, leaf)
 
 
+def _tensor_targets(gm) -> list[str]:
+    """The names of the tensors the graph reads (its get_attr nodes that hold a tensor), in order."""
+    return [n.target for n in gm.graph.nodes if n.op == "get_attr" and isinstance(_attr(gm, n.target), torch.Tensor)]
+
+
 def _quant_nodes(gm) -> list:
     """The graph's quantize and dequantize calls (torch's quantized_decomposed ops), in order."""
     return [n for n in gm.graph.nodes
@@ -142,12 +147,7 @@ def static_state(gm: nn.Module) -> dict:
     per-channel scales and zero points, float biases and batch-norm parameters), and `numbers`,
     the scales and zero points written into each quantize and dequantize call as numbers (the
     activations'), in graph order. Float weights that the graph no longer reads are left out."""
-    tensors = {}
-    for n in gm.graph.nodes:
-        if n.op == "get_attr":
-            t = _attr(gm, n.target)
-            if isinstance(t, torch.Tensor):
-                tensors[n.target] = t.detach().clone()
+    tensors = {name: _attr(gm, name).detach().clone() for name in _tensor_targets(gm)}
     numbers = [[str(n.target), [_number(a) for a in n.args]] for n in _quant_nodes(gm)]
     return {"tensors": tensors, "numbers": numbers}
 
@@ -166,7 +166,7 @@ def put_static_state(gm: nn.Module, state: dict) -> nn.Module:
     """Put `state` (static_state's) into the int8-static graph module `gm`, in place; ValueError,
     before anything is changed, when they differ in shape."""
     tensors, numbers = state["tensors"], state["numbers"]
-    mine = {n.target for n in gm.graph.nodes if n.op == "get_attr" and isinstance(_attr(gm, n.target), torch.Tensor)}
+    mine = set(_tensor_targets(gm))
     if mine != set(tensors):
         diff = sorted(mine ^ set(tensors))[:4]
         raise ValueError(f"the int8 graph this model quantizes to reads other tensors than the stored one ({diff})")
