@@ -380,6 +380,26 @@ def test_compress_refuses_bad_input_in_one_line_and_writes_nothing(trained_run):
     assert r.returncode == 2 and "no such run folder" in r.stderr
 
 
+
+def test_finetune_trains_in_the_recipes_precision_and_evaluates_in_fp32(trained_run):
+    """The fine-tune follows trainer.precision (here set among the overrides); the evaluations
+    around it stay in fp32: with nothing after the fine-tune, the report's 'at the end of
+    fine-tuning' and 'after' are the same fp32 evaluation of the same weights."""
+    root = trained_run
+    reports = {}
+    for precision in ("fp32", "bf16-mixed"):
+        r = run_cli("compress", "run", "--prune", "0.5", "--finetune", "3ba", "--no-latency", "--no-progress",
+                    f"trainer.precision={precision}", "--out", f"ft-{precision}/m.hasten", cwd=root)
+        assert r.returncode == 0, r.stderr
+        assert f"in {precision}" in r.stdout + r.stderr
+        reports[precision] = json.loads((root / f"ft-{precision}" / "m.json").read_text())
+    for precision, rep in reports.items():
+        assert rep["finetune"]["precision"] == rep["finetune"]["asked_precision"] == precision
+        assert rep["after_finetune"]["val/loss"] == rep["after"]["val/loss"]    # both fp32, the same weights
+        assert f"trained in {precision}" in (root / f"ft-{precision}" / "m.md").read_text()
+    a, b = (reports[p]["after"]["val/loss"] for p in ("fp32", "bf16-mixed"))
+    assert a != b and abs(a - b) < 0.05          # bf16 arithmetic took other steps, to nearly the same place
+
 @pytest.mark.slow
 def test_int8_static_artifact_of_a_conv_run_reloads_to_the_same_evaluation(tmp_path):
     pytest.importorskip("torchao")

@@ -11,8 +11,11 @@ recipe's training data with the masks held; masks folded into the weights; quant
 evaluate again; measure inference cost on this CPU against the uncompressed model; write the
 artifact, then the report (markdown and JSON) beside it.
 
-Evaluation and fine-tuning run in fp32 on the CPU (the report compares like with like); the
-recipe's evaluation procedure is kept (its test-time augmentation included).
+Every evaluation runs in fp32 on the CPU (the report compares like with like), with the
+recipe's evaluation procedure (its test-time augmentation included). Fine-tuning trains in
+the recipe's `trainer.precision` as `hasten train` resolves it (`auto`: bf16-mixed on a CPU
+with bf16 hardware, fp32 elsewhere); `trainer.precision=fp32` among the overrides keeps it in
+fp32.
 """
 from __future__ import annotations
 
@@ -21,7 +24,7 @@ import io
 import json
 import time
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -40,7 +43,7 @@ from ..hardware import cpu_has_bf16
 from ..optim import LRSchedule
 from ..provenance import code_version, describe
 from ..runs import RECIPE_FILE, is_run_folder, stored_recipe
-from ..runtime import make_runtime
+from ..runtime import make_runtime, resolve_precision
 from ..tasks import TASKS
 from ..trainer import Trainer
 from ..usercode import check_trust
@@ -173,33 +176,44 @@ def load_trained(session: Session, ckpt: Path) -> dict:
     return meta
 
 
+def finetune_runtime(session: Session):
+    """The session's runtime (fp32, for evaluating) with the recipe's training precision, resolved
+    on the session's device as `hasten train` resolves it."""
+    rt = session.trainer.runtime
+    asked = session.recipe.trainer.precision
+    return replace(rt, precision=resolve_precision(asked, rt.device), asked_precision=asked)
+
+
 def finetune(model: torch.nn.Module, session: Session, duration: str, lr_factor: float = 0.1,
-             progress: bool = False) -> dict:
+             progress: bool = False, timestamp: dict | None = None) -> dict:
     """Train `model` (pruned: its masks hold the zeros) on the recipe's data for `duration`,
     with the recipe's optimizer at `lr_factor` times its learning rates, decaying linearly to
-    zero; the algorithms that shape the loss and the evaluation are kept (FINETUNE_KEEP), the
-    others, which belong to the original run's course (warm-ups, resizing, averaging), are not.
-    Returns the evaluation at its end. `progress`: a ProgressBar (whole lines off a terminal)."""
+    zero, in the recipe's precision (`finetune_runtime`); the algorithms that shape the loss and
+    the evaluation are kept (FINETUNE_KEEP), the others, which belong to the original run's
+    course (warm-ups, resizing, averaging), are not. Returns the evaluation at its end, in fp32
+    at the run's clock `timestamp` (as `eval_trainer`). `progress`: a ProgressBar (whole lines
+    off a terminal)."""
     recipe = session.recipe
+    runtime = finetune_runtime(session)
     names = list(recipe.algorithms)
     fresh = build_algorithms(recipe)
     algos = [a for n, a in zip(names, fresh) if n in FINETUNE_KEEP and Event.INIT not in a.listens_to()]
 
     def optimizers(m):
-        opts = build_optimizer(recipe.optimizer, m, session.trainer.runtime, recipe.data.batch_size)
+        opts = build_optimizer(recipe.optimizer, m, runtime, recipe.data.batch_size)
         for o in (opts if isinstance(opts, list) else [opts]):
             for g in o.param_groups:
                 g["lr"] *= lr_factor
         return opts
 
-    t = Trainer(model=model, train_dataloader=session.built.train_dataloader, eval_dataloader=session.built.eval_dataloader,
+    t = Trainer(model=model, train_dataloader=session.built.train_dataloader,
                 metrics=copy.deepcopy(session.built.metrics), loss_fn=session.built.loss_fn, algorithms=algos,
-                runtime=session.trainer.runtime, optimizers=optimizers, schedulers=[LRSchedule("linear", min_factor=0.0)],
+                runtime=runtime, optimizers=optimizers, schedulers=[LRSchedule("linear", min_factor=0.0)],
                 max_duration=duration, eval_interval=duration, log_interval=duration,
                 grad_clip_norm=recipe.trainer.grad_clip_norm, callbacks=[ProgressBar()] if progress else [])
     t.fit(summary=False)
     model.eval()
-    return dict(t.state.eval_metrics)
+    return eval_trainer(model, session, timestamp).evaluate()
 
 
 @dataclass
@@ -280,11 +294,16 @@ def compress_run(source, prune: float = 0.0, scope: str = "global", structured_r
         fn = pruning.global_magnitude_prune if scope == "global" else pruning.layer_magnitude_prune
         fn(model, prune)
         steps.append(f"{scope} magnitude pruning to {prune:.0%} of the prunable weights")
-    tuned = None
+    tuned, ft_record = None, None
     if finetune_for:
-        log(f"fine-tuning for {finetune_for} at {lr_factor:g}x the recipe's learning rates")
-        tuned = finetune(model, work, finetune_for, lr_factor, progress=progress)
-        steps.append(f"fine-tuning for {finetune_for} at {lr_factor:g}x the learning rates, linear decay to 0")
+        ft_precision = finetune_runtime(work).precision
+        log(f"fine-tuning for {finetune_for} at {lr_factor:g}x the recipe's learning rates, in {ft_precision}")
+        t_ft = time.perf_counter()
+        tuned = finetune(model, work, finetune_for, lr_factor, progress=progress, timestamp=stamp)
+        ft_record = {"precision": ft_precision, "asked_precision": work.recipe.trainer.precision,
+                     "seconds": time.perf_counter() - t_ft}
+        steps.append(f"fine-tuning for {finetune_for} at {lr_factor:g}x the learning rates, linear decay to 0, "
+                     f"in {ft_precision}")
     pruning.make_permanent(model)
     model.eval()
     sparsity = pruning.layer_sparsity(model) if prune else {}
@@ -312,7 +331,7 @@ def compress_run(source, prune: float = 0.0, scope: str = "global", structured_r
         "compression": {"structured": structured_ratio, "prune": prune, "scope": scope, "quantize": quant,
                         "finetune": finetune_for, "lr_factor": lr_factor if finetune_for else None, "steps": steps},
         "model_changes": changes, "metric": metric, "better": better,
-        "before": before, "after_finetune": tuned, "after": after,
+        "before": before, "after_finetune": tuned, "finetune": ft_record, "after": after,
         "parameters": {"before": params_before[0], "after": params_after[0],
                        "nonzero_before": params_before[1], "nonzero_after": params_after[1]},
         "layer_sparsity": sparsity, "timestamp": stamp,
@@ -438,6 +457,10 @@ def render(r: dict) -> str:
                       "activations' quantization parameters; loading builds the same graph from the recipe's model "
                       "and puts them back. --export writes the int8 program itself, for use without hasten."]
     lines += ["", f"CPU flags: {', '.join(r['cpu']['flags'])}."]
+    if r.get("finetune"):   # older reports do not say; they fine-tuned in fp32
+        ft = r["finetune"]
+        lines += [f"Fine-tuning trained in {ft['precision']} (trainer.precision: {ft['asked_precision']}) "
+                  f"for {ft['seconds']:.1f} s; every evaluation ran in fp32."]
     if r.get("host_allocator"):   # older reports do not say; they ran under glibc's defaults
         lines += [f"The process's {r['host_allocator'][0].lower()}{r['host_allocator'][1:]}."]
     lines += [f"Code: {describe(r['code'])}.", ""]
