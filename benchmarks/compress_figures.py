@@ -31,6 +31,15 @@ def speedup_cell(fastest: dict, reference: str, batch: int) -> tuple[float | Non
     return ratio, f"{ratio:.2f}x ({fb['path']} {fb['per_item_ms']:.3f} -> {fa['path']} {fa['per_item_ms']:.3f} ms/item)"
 
 
+def finetune_cell(report: dict) -> str:
+    """The fine-tune's precision and seconds ('fp32' for reports before they were recorded:
+    fine-tuning ran in fp32 then); '-' without a fine-tune."""
+    if not report["compression"].get("finetune"):
+        return "-"
+    ft = report.get("finetune")
+    return f"{ft['precision']}, {ft['seconds']:.1f} s" if ft else "fp32"
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--name", required=True)
@@ -70,8 +79,8 @@ def main() -> int:
              f"{reports[0]['threads']} threads, torch {reports[0]['torch']}; code: {describe(code_version())}.", ""]
     batches = sorted({x["batch"] for x in reports[0].get("inference", []) if "median_s" in x})
     head = f"| run | {metric} before | after | change | " + "".join(f"speedup at batch {b} | " for b in batches) \
-        + "bytes dense -> artifact |"
-    lines += [head, "|" + "---|" * (5 + len(batches))]
+        + "bytes dense -> artifact | fine-tune | whole command s |"
+    lines += [head, "|" + "---|" * (7 + len(batches))]
     diffs, speed = [], {b: [] for b in batches}
     for run, r in zip(args.runs, reports):
         b0, a0 = r["before"][metric], r["after"][metric]
@@ -86,7 +95,8 @@ def main() -> int:
             cells.append(cell)
         rel = f" ({100 * d / b0:+.2f}%)" if metric == "val/loss" else f" ({100 * d:+.2f} points)"
         lines.append(f"| {Path(run).name} | {b0:.4f} | {a0:.4f} | {d:+.4f}{rel} | " + "".join(c + " | " for c in cells)
-                     + f"{r['bytes']['dense_fp32']:,} -> {r['bytes']['artifact']:,} |")
+                     + f"{r['bytes']['dense_fp32']:,} -> {r['bytes']['artifact']:,} | {finetune_cell(r)} | "
+                     + f"{r['seconds']:.1f} |")
     sd = statistics.stdev(diffs) if len(diffs) > 1 else 0.0
     lines += ["", f"Change in {metric} over {len(diffs)} runs: mean {statistics.mean(diffs):+.4f} ± {sd:.4f} (sd), "
               f"worst {max(diffs) if better == 'min' else min(diffs):+.4f}."]
