@@ -3,7 +3,11 @@
 against the uncompressed model in the same process, interleaved.
 
     python benchmarks/compress_figures.py --name prune50 --runs runs/c10fast-s0 runs/c10fast-s1 runs/c10fast-s2 \
-        --prune 0.5 --finetune 1ep [--structured 0.3] [--quantize int8] [--finetune-lr 0.1] [--latency-runs 1] [KEY=VALUE ...]
+        --prune 0.5 --finetune 1ep [--structured 0.3 [--multiple-of 16]] [--quantize int8] [--finetune-lr 0.1] \
+        [--latency-runs 1] [-- KEY=VALUE ...]
+
+Recipe overrides (e.g. trainer.precision=fp32, the fine-tune's precision) go after `--`, since
+--runs takes every name that follows it.
 
 Writes benchmarks/results/compress-NAME.json (every run's full report) and .md (the table:
 quality before and after per seed, inference speedup at each batch with the faster of eager
@@ -47,6 +51,7 @@ def main() -> int:
     p.add_argument("--prune", type=float, default=0.0)
     p.add_argument("--scope", default="global")
     p.add_argument("--structured", type=float, default=0.0)
+    p.add_argument("--multiple-of", type=int, help="--structured's kept counts (hasten compress --multiple-of)")
     p.add_argument("--quantize")
     p.add_argument("--finetune")
     p.add_argument("--finetune-lr", type=float, default=0.1)
@@ -59,6 +64,9 @@ def main() -> int:
     p.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
     p.add_argument("overrides", nargs="*")
     args = p.parse_args()
+    for run in args.runs:
+        if not Path(run).is_dir():
+            p.error(f"--runs {run}: not a run folder (recipe overrides go after --)")
     from hasten.compress.measure import best
     from hasten.compress.pipeline import BF16_REFERENCE, compress_run
     from hasten.provenance import code_version, describe
@@ -69,7 +77,7 @@ def main() -> int:
         r = compress_run(run, prune=args.prune, scope=args.scope, structured_ratio=args.structured, quant=args.quantize,
                          finetune_for=args.finetune, lr_factor=args.finetune_lr, overrides=args.overrides,
                          out=Path(args.work) / args.name / f"{Path(run).name}.hasten", repeats=args.repeats,
-                         latency=latency)
+                         latency=latency, multiple_of=args.multiple_of)
         reports.append(r.report)
     metric, better = reports[0]["metric"], reports[0]["better"]
     cmd = "python benchmarks/compress_figures.py " + " ".join(a for a in sys.argv[1:])

@@ -100,6 +100,33 @@ def test_structured_speedrun_equals_the_full_network_with_the_removed_channels_u
     torch.testing.assert_close(small.eval()(x), ref(x), rtol=1e-4, atol=1e-5)
 
 
+
+def test_structured_kept_counts_are_multiples_in_large_layers_and_exact_elsewhere():
+    from hasten.compress.structured import kept
+    # cifar10-fast's widths at 30%: the nearest multiples of 16 to 44.8 and 179.2
+    assert [kept(n, 0.3, 16) for n in (64, 256, 256)] == [48, 176, 176]
+    assert [kept(n, 0.3, 1) for n in (64, 256, 256)] == [45, 179, 179]          # exactly the fraction
+    assert kept(32, 0.3, 16) == 22                                               # under 4 x 16 units: exact
+    assert kept(256, 0.02, 16) == 240                                            # asked to prune: one multiple goes
+    assert kept(256, 0.0, 16) == 256 and kept(64, 0.99, 16) == 16               # nothing asked; at least one multiple
+    assert kept(100, 0.5, 16) == 48                                              # 50 -> the nearest multiple
+    with pytest.raises(ValueError, match="whole number >= 1"):
+        kept(64, 0.3, 0)
+
+
+def test_structured_speedrun_widths_follow_multiple_of_and_the_smaller_net_reads_the_same_channels():
+    torch.manual_seed(0)
+    big = SpeedrunNet(widths=(64, 128, 128)).eval()
+    x = torch.randn(2, 3, 32, 32)
+    aligned, changes = hc.prune_structured(big, 0.3, inputs=x)                     # default multiple_of=16
+    exact, changes1 = hc.prune_structured(big, 0.3, inputs=x, multiple_of=1)
+    assert changes == {"widths": [48, 96, 96]} and changes1 == {"widths": [45, 90, 90]}
+    # the aligned net keeps the channels of highest score: the exact net's 45 among its 48
+    scores = speedrun_channel_scores(big, x)
+    from hasten.compress.structured import _top
+    assert set(_top(scores[0], 45).tolist()) <= set(_top(scores[0], 48).tolist())
+    assert aligned.groups[0][0].weight.shape[0] == 48
+
 def test_structured_scores_find_channels_nobody_reads():
     torch.manual_seed(0)
     net = SpeedrunNet(widths=(8, 16, 16)).eval()
@@ -371,6 +398,7 @@ def test_compress_refuses_bad_input_in_one_line_and_writes_nothing(trained_run):
     for args, says in ((["--prune", "1"], "fraction in [0, 1)"),
                        (["model.n_embd=64"], "does not hold this recipe's model"),
                        (["--finetune", "soon"], "--finetune"),
+                       (["--structured", "0.3", "--multiple-of", "0"], "--multiple-of"),
                        (["--structured", "0.5", "--quantize", "int4"], "invalid choice")):
         r = _cli("compress", "run", *args, "--no-latency", "--out", "bad/x.hasten", cwd=root)
         assert r.returncode in (1, 2), (args, r.stdout, r.stderr)

@@ -302,7 +302,8 @@ def _cmd_compress(args) -> int:
                               quant=args.quantize, finetune_for=args.finetune, lr_factor=args.finetune_lr,
                               out=args.out, overrides=args.overrides, export=args.export,
                               latency=not args.no_latency, repeats=args.repeats,
-                              trust_code=args.trust_code, progress=not args.no_progress)
+                              trust_code=args.trust_code, progress=not args.no_progress,
+                              multiple_of=args.multiple_of)
     except ValueError as e:   # a bad sparsity or mode from the functional layer: a user mistake
         if isinstance(e, HastenError):
             raise
@@ -460,6 +461,8 @@ def make_parser() -> argparse.ArgumentParser:
                    help="--prune with one threshold over all layers (global, default) or per layer")
     c.add_argument("--structured", type=_fraction, default=0.0, metavar="R", help="remove the fraction R of the "
                    "channels (conv nets) or MLP units and heads (GPT, BERT) of every layer: a smaller model")
+    c.add_argument("--multiple-of", type=int, metavar="N", help="--structured keeps a multiple of N "
+                   "units in each layer of 4N or more (default 16, the widths kernels run fastest; 1: exactly R)")
     c.add_argument("--quantize", choices=("int8", "int8-weight", "int8-static"), help="int8: dynamic int8 "
                    "activations and weights for Linear layers; int8-weight: weights only; int8-static: "
                    "calibrated int8 convolutions and linears for x86 (torchao)")

@@ -223,10 +223,10 @@ class Result:
     report: dict
 
 
-def _tag(prune, scope, structured_ratio, quant, ft, lr_factor=0.1) -> str:
+def _tag(prune, scope, structured_ratio, quant, ft, lr_factor=0.1, multiple_of=structured.MULTIPLE_OF) -> str:
     parts = []
     if structured_ratio:
-        parts.append(f"struct{structured_ratio:g}")
+        parts.append(f"struct{structured_ratio:g}" + (f"-x{multiple_of}" if multiple_of != structured.MULTIPLE_OF else ""))
     if prune:
         parts.append(f"prune{prune:g}" + ("-layer" if scope == "layer" else ""))
     if quant:
@@ -240,12 +240,16 @@ def compress_run(source, prune: float = 0.0, scope: str = "global", structured_r
                  quant: str | None = None, finetune_for: str | None = None, lr_factor: float = 0.1,
                  out: "str | Path | None" = None, overrides: list[str] = (), export: bool = False,
                  latency: bool = True, repeats: int = 7, device: str = "cpu", log=print,
-                 trust_code: bool = False, progress: bool = True) -> Result:
+                 trust_code: bool = False, progress: bool = True,
+                 multiple_of: int | None = None) -> Result:
     """Compress the trained model of a run folder (or one of its checkpoints); see the module doc.
     A run whose recipe names code (a user's model or data) is said so before it is imported,
     and refused when the folder is another user's unless `trust_code` (hasten.usercode)."""
     pruning.check_sparsity(prune, "--prune")
     pruning.check_sparsity(structured_ratio, "--structured")
+    multiple_of = structured.MULTIPLE_OF if multiple_of is None else multiple_of
+    if not isinstance(multiple_of, int) or isinstance(multiple_of, bool) or multiple_of < 1:
+        raise ConfigError(f"--multiple-of {multiple_of!r}: a whole number >= 1 (1 keeps exactly the fraction)")
     if scope not in ("global", "layer"):
         raise ConfigError(f"--scope {scope!r}: choose global or layer")
     if quant:
@@ -261,10 +265,11 @@ def compress_run(source, prune: float = 0.0, scope: str = "global", structured_r
     run_dir, ckpt = locate(source)
     recipe = stored_recipe(run_dir, list(overrides))
     check_trust(run_dir / RECIPE_FILE, to_dict(recipe), trust_code, f"compressing {run_dir}", log)
-    tag = _tag(prune, scope, structured_ratio, quant, finetune_for, lr_factor)
+    tag = _tag(prune, scope, structured_ratio, quant, finetune_for, lr_factor, multiple_of)
     settings = {"checkpoint": str(ckpt.resolve()), "overrides": list(overrides),
                 "compression": {"structured": structured_ratio, "prune": prune, "scope": scope, "quantize": quant,
-                                "finetune": finetune_for, "lr_factor": lr_factor if finetune_for else None}}
+                                "multiple_of": multiple_of if structured_ratio else None, "finetune": finetune_for,
+                                "lr_factor": lr_factor if finetune_for else None}}
     files = outputs.plan(run_dir / "compressed", tag, out, export, settings)
     out = files[0]
     log("will write: " + ", ".join(str(p) for p in files))
@@ -284,11 +289,13 @@ def compress_run(source, prune: float = 0.0, scope: str = "global", structured_r
     model, changes, work = dense, {}, session
     steps = []
     if structured_ratio:
-        sd, changes = structured.structured_plan(model, structured_ratio, inputs=calib[0])
+        sd, changes = structured.structured_plan(model, structured_ratio, inputs=calib[0], multiple_of=multiple_of)
         work = open_session(with_model_changes(recipe, changes), device)
         work.model.load_state_dict(sd)
         model = work.model
-        steps.append(f"structured pruning of {structured_ratio:.0%} of the units per layer ({changes})")
+        steps.append(f"structured pruning of {structured_ratio:.0%} of the units per layer"
+                     + (f", kept counts of layers of {4 * multiple_of}+ units rounded to multiples of {multiple_of}"
+                        if multiple_of > 1 else "") + f" ({changes})")
         log(f"structured: {changes}")
     if prune:
         fn = pruning.global_magnitude_prune if scope == "global" else pruning.layer_magnitude_prune
@@ -329,7 +336,8 @@ def compress_run(source, prune: float = 0.0, scope: str = "global", structured_r
     record = {
         "source": {"run": str(run_dir), "checkpoint": ckpt.name, "recipe": recipe.name, "task": recipe.task},
         "compression": {"structured": structured_ratio, "prune": prune, "scope": scope, "quantize": quant,
-                        "finetune": finetune_for, "lr_factor": lr_factor if finetune_for else None, "steps": steps},
+                        "multiple_of": multiple_of if structured_ratio else None, "finetune": finetune_for,
+                        "lr_factor": lr_factor if finetune_for else None, "steps": steps},
         "model_changes": changes, "metric": metric, "better": better,
         "before": before, "after_finetune": tuned, "finetune": ft_record, "after": after,
         "parameters": {"before": params_before[0], "after": params_after[0],
