@@ -128,7 +128,8 @@ def compress(args) -> None:
             compress_run(run, prune=prune, scope="layer" if name.startswith("lu") else "global",
                          structured_ratio=structured, quant="int8" if int8 else None,
                          finetune_for=FINETUNE if ft else None, out=out, repeats=args.repeats,
-                         latency=timed and seed == first, log=lambda m: print("  " + m, flush=True))
+                         latency=timed and seed == first, log=lambda m: print("  " + m, flush=True),
+                         multiple_of=1)   # exact kept counts, as the study's published figures were measured
 
 
 def _evals(run: Path) -> list[tuple[float, int, float]]:

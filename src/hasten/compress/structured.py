@@ -13,15 +13,16 @@ Which units go: the least important `ratio` of each layer, the same count in eve
 kind (a config has one width per group, one MLP width and one head count). How many stay:
 `multiple_of` (default 16) rounds the kept count of a layer of at least 4 x `multiple_of`
 units to the nearest multiple of it, because CPU and GPU kernels run such widths fastest
-(cifar10-fast's widths 64/256/256 at 30%: 48/176/176, whose bf16 training step ran 1.2x as
-fast as that of the exact 45/179/179 on a 2-core AVX512-BF16 EPYC); smaller layers, attention
+(cifar10-fast's widths 64/256/256 at 30%: 48/176/176, whose bf16 training step ran 1.16x as
+fast as that of the exact 45/179/179 on a 2-core AVX512-BF16 EPYC,
+benchmarks/pruned_widths_cost.py); smaller layers, attention
 heads, and `multiple_of=1` keep exactly round(units x (1 - ratio)). A unit's
 importance is what it sends on: the mean magnitude of its activation over calibration inputs
 (`inputs`) times the norm of the next layer's weights that read it. Without inputs, the
 activation term is estimated from weights alone (batch-norm scale and shift; for the GPT the
 norm of the unit's input weights), which is cruder: give a few batches of real data.
 
-    small, changes = prune_structured(model, 0.3, inputs=batch)   # changes: {"widths": [45, 179, 179]}
+    small, changes = prune_structured(model, 0.3, inputs=batch)   # changes: {"widths": [48, 176, 176]}
 
 ResNets are not supported: their residual connections tie channels across blocks (say so).
 """
