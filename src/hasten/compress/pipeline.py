@@ -247,9 +247,8 @@ def compress_run(source, prune: float = 0.0, scope: str = "global", structured_r
     and refused when the folder is another user's unless `trust_code` (hasten.usercode)."""
     pruning.check_sparsity(prune, "--prune")
     pruning.check_sparsity(structured_ratio, "--structured")
-    multiple_of = structured.MULTIPLE_OF if multiple_of is None else multiple_of
-    if not isinstance(multiple_of, int) or isinstance(multiple_of, bool) or multiple_of < 1:
-        raise ConfigError(f"--multiple-of {multiple_of!r}: a whole number >= 1 (1 keeps exactly the fraction)")
+    multiple_of = structured.check_multiple(structured.MULTIPLE_OF if multiple_of is None else multiple_of,
+                                            "--multiple-of")
     if scope not in ("global", "layer"):
         raise ConfigError(f"--scope {scope!r}: choose global or layer")
     if quant:

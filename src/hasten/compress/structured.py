@@ -58,12 +58,18 @@ def _observe(model: nn.Module, inputs, hooks: list) -> None:
 MULTIPLE_OF = 16
 
 
+def check_multiple(multiple_of, name: str = "multiple_of") -> int:
+    """`multiple_of` when it is a whole number >= 1; else ValueError naming `name`."""
+    if not isinstance(multiple_of, int) or isinstance(multiple_of, bool) or multiple_of < 1:
+        raise ValueError(f"{name}={multiple_of!r}: a whole number >= 1 (1 keeps exactly the fraction)")
+    return multiple_of
+
+
 def kept(n: int, ratio: float, multiple_of: int = 1) -> int:
     """Units kept of n when the `ratio` fraction is removed (at least one). With `multiple_of`
     > 1 and n >= 4 x `multiple_of`: the multiple of it nearest to n x (1 - ratio), at least one
     multiple, and one multiple fewer than n when rounding would remove nothing."""
-    if not isinstance(multiple_of, int) or isinstance(multiple_of, bool) or multiple_of < 1:
-        raise ValueError(f"multiple_of={multiple_of!r}: a whole number >= 1 (1 keeps exactly the fraction)")
+    check_multiple(multiple_of)
     exact = n * (1.0 - ratio)
     if multiple_of == 1 or n < 4 * multiple_of:
         return max(1, int(round(exact)))
