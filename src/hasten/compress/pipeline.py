@@ -206,10 +206,9 @@ def finetune(model: torch.nn.Module, session: Session, duration: str, lr_factor:
                 g["lr"] *= lr_factor
         return opts
 
-    t = Trainer(model=model, train_dataloader=session.built.train_dataloader,
-                metrics=copy.deepcopy(session.built.metrics), loss_fn=session.built.loss_fn, algorithms=algos,
-                runtime=runtime, optimizers=optimizers, schedulers=[LRSchedule("linear", min_factor=0.0)],
-                max_duration=duration, eval_interval=duration, log_interval=duration,
+    t = Trainer(model=model, train_dataloader=session.built.train_dataloader, loss_fn=session.built.loss_fn,
+                algorithms=algos, runtime=runtime, optimizers=optimizers,
+                schedulers=[LRSchedule("linear", min_factor=0.0)], max_duration=duration, log_interval=duration,
                 grad_clip_norm=recipe.trainer.grad_clip_norm, callbacks=[ProgressBar()] if progress else [])
     t.fit(summary=False)
     model.eval()
@@ -226,7 +225,8 @@ class Result:
 def _tag(prune, scope, structured_ratio, quant, ft, lr_factor=0.1, multiple_of=structured.MULTIPLE_OF) -> str:
     parts = []
     if structured_ratio:
-        parts.append(f"struct{structured_ratio:g}" + (f"-x{multiple_of}" if multiple_of != structured.MULTIPLE_OF else ""))
+        aligned = f"-x{multiple_of}" if multiple_of != structured.MULTIPLE_OF else ""
+        parts.append(f"struct{structured_ratio:g}{aligned}")
     if prune:
         parts.append(f"prune{prune:g}" + ("-layer" if scope == "layer" else ""))
     if quant:
@@ -334,9 +334,7 @@ def compress_run(source, prune: float = 0.0, scope: str = "global", structured_r
     log(f"after:  {_fmt(after)}")
     record = {
         "source": {"run": str(run_dir), "checkpoint": ckpt.name, "recipe": recipe.name, "task": recipe.task},
-        "compression": {"structured": structured_ratio, "prune": prune, "scope": scope, "quantize": quant,
-                        "multiple_of": multiple_of if structured_ratio else None, "finetune": finetune_for,
-                        "lr_factor": lr_factor if finetune_for else None, "steps": steps},
+        "compression": {**settings["compression"], "steps": steps},
         "model_changes": changes, "metric": metric, "better": better,
         "before": before, "after_finetune": tuned, "finetune": ft_record, "after": after,
         "parameters": {"before": params_before[0], "after": params_after[0],
