@@ -14,6 +14,7 @@ import hasten.compress as hc
 import hasten.functional as hf
 from hasten import Trainer
 from hasten.compress.artifact import pack_sparse, read_artifact, save_artifact, unpack_sparse
+from hasten.compress.pipeline import evaluate_artifact
 from hasten.compress.structured import speedrun_channel_scores
 from hasten.errors import CheckpointError
 from hasten.models import GPT, GPTConfig, SpeedrunNet
@@ -409,11 +410,12 @@ def test_compress_refuses_bad_input_in_one_line_and_writes_nothing(trained_run):
     assert r.returncode == 2 and "no such run folder" in r.stderr
 
 
-def test_finetune_trains_in_the_recipes_precision_and_evaluates_in_fp32(trained_run):
+def test_finetune_trains_in_the_recipes_precision_and_evaluates_in_fp32(trained_run, monkeypatch):
     """The fine-tune follows trainer.precision (here set among the overrides); the evaluations
-    around it stay in fp32: with nothing after the fine-tune, the report's 'at the end of
-    fine-tuning' and 'after' are the same fp32 evaluation of the same weights."""
+    around it stay in fp32: with nothing after the fine-tune, its own evaluation is the report's
+    'after' (evaluated once), and it equals an fp32 evaluation of the saved artifact."""
     root = trained_run
+    monkeypatch.chdir(root)
     reports = {}
     for precision in ("fp32", "bf16-mixed"):
         r = run_cli("compress", "run", "--prune", "0.5", "--finetune", "3ba", "--no-latency", "--no-progress",
@@ -423,7 +425,9 @@ def test_finetune_trains_in_the_recipes_precision_and_evaluates_in_fp32(trained_
         reports[precision] = json.loads((root / f"ft-{precision}" / "m.json").read_text())
     for precision, rep in reports.items():
         assert rep["finetune"]["precision"] == rep["finetune"]["asked_precision"] == precision
-        assert rep["after_finetune"]["val/loss"] == rep["after"]["val/loss"]    # both fp32, the same weights
+        assert rep["after_finetune"] == rep["after"]
+        again = evaluate_artifact(root / f"ft-{precision}" / "m.hasten")    # fp32, the weights as saved
+        assert again["val/loss"] == pytest.approx(rep["after"]["val/loss"], rel=1e-6)
         assert f"trained in {precision}" in (root / f"ft-{precision}" / "m.md").read_text()
     a, b = (reports[p]["after"]["val/loss"] for p in ("fp32", "bf16-mixed"))
     assert a != b and abs(a - b) < 0.05          # bf16 arithmetic took other steps, to nearly the same place

@@ -330,7 +330,10 @@ def compress_run(source, prune: float = 0.0, scope: str = "global", structured_r
         steps.append(f"{quant} quantization of {n} Linear layers (torchao)")
         if n == 0:
             log("note: no Linear layer was wide enough to quantize; for convolutions use --quantize int8-static")
-    after = eval_trainer(final, work, stamp).evaluate()
+    if tuned is not None and not quant:
+        after = tuned   # the fine-tune's own fp32 evaluation of these weights (masks made permanent: the same)
+    else:
+        after = eval_trainer(final, work, stamp).evaluate()
     log(f"after:  {_fmt(after)}")
     record = {
         "source": {"run": str(run_dir), "checkpoint": ckpt.name, "recipe": recipe.name, "task": recipe.task},
