@@ -1,11 +1,11 @@
 """`cifar10-fast` against a peer, side by side on one machine: airbench94_muon (the default,
-`--peer muon`, Keller Jordan's record procedure until 2025) or the older airbench94 (`--peer airbench94`).
+`--peer muon`, Keller Jordan's record procedure until 2025), the Hive's 2025 record (`--peer
+hive`, 0.81x airbench94_muon's time on an A100) or the older airbench94 (`--peer airbench94`).
 
 Runs alternate (peer seed 0, hasten seed 0, peer seed 1, ...), each in its own process, so
 slow spells of a shared machine fall on both. hasten's runs go through `hasten bench` (its
 report lands in results/bench/<name>/); the peer's through peers/airbench94_muon.py (or
-peers/airbench94_cpu.py), whose
-runs are appended to results/bench/<name>/peer.jsonl. Both are timed the same way: the
+peers/hive_cifar10.py, peers/airbench94_cpu.py), whose runs are appended to results/bench/<name>/peer.jsonl. Both are timed the same way: the
 whitening fit, training and the final test-time-augmented evaluation; per-epoch evaluations,
 data loading and one-off warm-up are not timed. Rerunning continues where a stopped
 comparison left off.
@@ -40,6 +40,10 @@ from common import RESULTS, glibc_env, hasten_malloc, write_results  # noqa: E40
 from hasten.bench.stats import ratio_ci  # noqa: E402
 
 HERE = Path(__file__).parent
+# --peer: (script under peers/, name in tables)
+PEERS = {"muon": ("airbench94_muon.py", "airbench94_muon"),
+         "hive": ("hive_cifar10.py", "the Hive's cifar10-speedrun"),
+         "airbench94": ("airbench94_cpu.py", "airbench94 (the older procedure)")}
 HASTEN_MALLOC = hasten_malloc()
 
 
@@ -80,8 +84,9 @@ def main(argv=None) -> int:
     ap.add_argument("--peer-precision", choices=("auto", "bf16", "fp32"), default="auto",
                     help="the peer's precision; auto follows the same rule as hasten's precision: auto")
     ap.add_argument("--target", default="val/acc>=0.908")
-    ap.add_argument("--peer", choices=("muon", "airbench94"), default="muon",
-                    help="muon: airbench94_muon (default); airbench94: the older SGD and Lookahead procedure")
+    ap.add_argument("--peer", choices=tuple(PEERS), default="muon",
+                    help="muon: airbench94_muon (default); hive: the Hive's 2025 record; airbench94: the older "
+                         "SGD and Lookahead procedure")
     ap.add_argument("--name", default=None, help="results name (default cifar10-fast-cpu-vs-PEER)")
     ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                     help="cuda: the peer compiled, all its seeds in one process after one warm-up run")
@@ -90,7 +95,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
 
     args.name = args.name or f"cifar10-fast-cpu-vs-{args.peer}"
-    peer_script = HERE / "peers" / ("airbench94_muon.py" if args.peer == "muon" else "airbench94_cpu.py")
+    peer_script = HERE / "peers" / PEERS[args.peer][0]
     folder = RESULTS / "bench" / args.name
     folder.mkdir(parents=True, exist_ok=True)
     peer_log = folder / "peer.jsonl"
@@ -139,7 +144,7 @@ def main(argv=None) -> int:
         ratio = (f"{ci['ratio']:.3f} [{ci['low']:.3f}, {ci['high']:.3f}]" if ci and ci["low"] == ci["low"]
                  else f"{ci['ratio']:.3f}" if ci else "–")
         precisions = "/".join(sorted({r.get("precision", "bf16") for r in runs}))
-        name = "airbench94_muon" if args.peer == "muon" else "airbench94 (the older procedure)"
+        name = PEERS[args.peer][1]
         where = "/".join(sorted({r.get("gpu") or "CPU" for r in runs}))
         compiled = ", compiled" if any(r.get("compiled") for r in runs) else ""
         label = f"{name}, {where} ({precisions}{compiled})" + (" + hasten's allocator settings" if malloc else "")
@@ -147,7 +152,7 @@ def main(argv=None) -> int:
         data["peer"]["hasten_malloc" if malloc else "default_malloc"] = [
             {"seed": r["seed"], "acc": r["acc_tta"], "timed_s": r["timed_s"], "parts_s": r["parts_s"]} for r in runs]
     commits = ", ".join(sorted({((r.get("final") or {}).get("code") or {}).get("commit", "?")[:7] for r in ours}))
-    md = (f"# `{args.recipe}` against {'airbench94_muon' if args.peer == 'muon' else 'the airbench94 CPU port'}\n\n"
+    md = (f"# `{args.recipe}` against {PEERS[args.peer][1]}\n\n"
           + ("Side by side on one GPU: the peer's seeds in one process after one untimed compiled warm-up run, "
              "then hasten's, each in its own process." if args.device == "cuda" else
              "Side by side, runs alternating, each in its own process.")
