@@ -433,6 +433,33 @@ def test_finetune_trains_in_the_recipes_precision_and_evaluates_in_fp32(trained_
     assert a != b and abs(a - b) < 0.05          # bf16 arithmetic took other steps, to nearly the same place
 
 
+def test_finetune_computes_its_step_as_the_recipe_says(trained_run, monkeypatch):
+    """The fine-tune takes the recipe's trainer.* step settings (here micro-batches of 2 of the
+    batch of 8): the Trainer gets them, the report says so, and the step is the same step as the
+    whole batch's (the loss after it equals the plain fine-tune's up to summation order)."""
+    from hasten.compress import pipeline
+    monkeypatch.chdir(trained_run)
+    seen = []
+    real = pipeline.assemble
+
+    def spy(*args, **kwargs):
+        seen.append(kwargs["step"])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(pipeline, "assemble", spy)
+    reports = {}
+    for extra in ([], ["trainer.microbatch=2"]):
+        r = pipeline.compress_run("run", prune=0.5, finetune_for="3ba", latency=False, progress=False,
+                                  overrides=["trainer.precision=fp32", *extra], out=f"step{len(extra)}/m.hasten",
+                                  log=lambda *a: None)
+        reports[bool(extra)] = r.report
+    assert [s.microbatch for s in seen] == [None, 2]
+    assert reports[False]["finetune"]["step"] is None and reports[True]["finetune"]["step"] == "microbatch=2"
+    assert "microbatch=2" in (trained_run / "step1" / "m.md").read_text()
+    plain, micro = (reports[k]["after"]["val/loss"] for k in (False, True))
+    assert micro == pytest.approx(plain, rel=1e-4)
+
+
 @pytest.mark.slow
 def test_int8_static_artifact_of_a_conv_run_reloads_to_the_same_evaluation(tmp_path):
     pytest.importorskip("torchao")

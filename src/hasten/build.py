@@ -274,7 +274,7 @@ def tracker_loggers(t, run_dir: Path, name: str) -> list:
     return made
 
 
-def _step_options(t) -> StepOptions:
+def step_options(t) -> StepOptions:
     """trainer.* step settings; the old trainer.fsdp.activation_checkpointing still counts, and warns."""
     step = _options(StepOptions, t)
     if t.compile_mode is not None:
@@ -323,7 +323,7 @@ def _trainer(recipe: Recipe, built: Built, algorithms: list, run_dir: Path, runt
             optimizers=lambda model: build_optimizer(recipe.optimizer, model, runtime, recipe.data.batch_size,
                                                      compiled=recipe.trainer.compile_optimizer),
             schedulers=[schedule], loss_fn=built.loss_fn, metrics=built.metrics, algorithms=algorithms,
-            callbacks=callbacks, loggers=loggers, durations=_options(Durations, t), step=_step_options(t),
+            callbacks=callbacks, loggers=loggers, durations=_options(Durations, t), step=step_options(t),
             checkpoints=CheckpointOptions(load_path=t.load_path, autoresume=t.autoresume, io=io,
                                           hyperparameters=hyperparameters, load_mode=t.load_mode),
             parallel=ParallelOptions(sync_batchnorm=t.sync_batchnorm, fsdp=t.fsdp if runtime.world.sharded else None),

@@ -15,7 +15,8 @@ Every evaluation runs in fp32 on the CPU (the report compares like with like), w
 recipe's evaluation procedure (its test-time augmentation included). Fine-tuning trains in
 the recipe's `trainer.precision` as `hasten train` resolves it (`auto`: bf16-mixed on a CPU
 with bf16 hardware, fp32 elsewhere); `trainer.precision=fp32` among the overrides keeps it in
-fp32.
+fp32. It computes each step as the recipe's trainer.* settings say (compile, grad_accum,
+microbatch, memory_limit, activation_checkpointing, compile_optimizer, grad_clip_norm).
 """
 from __future__ import annotations
 
@@ -30,7 +31,8 @@ from pathlib import Path
 import torch
 
 from ..allocator import host_allocator_state
-from ..build import build_algorithms, build_optimizer
+from ..assemble import Durations, StepOptions, assemble
+from ..build import build_algorithms, build_optimizer, step_options
 from ..callbacks import ProgressBar
 from ..checkpoint import CheckpointIO, find_latest
 from ..checkpoint.format import MODEL_MISMATCH_FIX, model_mismatch
@@ -184,6 +186,21 @@ def finetune_runtime(session: Session):
     return replace(rt, precision=resolve_precision(asked, rt.device), asked_precision=asked)
 
 
+def finetune_step(recipe: Recipe):
+    """How the fine-tune computes a step: the recipe's trainer.* step settings, as `hasten
+    train` reads them (compile, grad_accum, microbatch, memory_limit, activation
+    checkpointing, a compiled optimizer step, gradient clipping)."""
+    return step_options(recipe.trainer)
+
+
+def step_summary(step) -> str:
+    """The step settings that differ from a plain step, for the report ('' if none)."""
+    plain = StepOptions()
+    return ", ".join(f"{f}={getattr(step, f)}" for f in ("compile", "grad_accum", "microbatch", "memory_limit",
+                                                          "activation_checkpointing", "compile_optimizer")
+                     if getattr(step, f) != getattr(plain, f))
+
+
 def finetune(model: torch.nn.Module, session: Session, duration: str, lr_factor: float = 0.1,
              progress: bool = False, timestamp: dict | None = None) -> dict:
     """Train `model` (pruned: its masks hold the zeros) on the recipe's data for `duration`,
@@ -199,17 +216,21 @@ def finetune(model: torch.nn.Module, session: Session, duration: str, lr_factor:
     fresh = build_algorithms(recipe)
     algos = [a for n, a in zip(names, fresh) if n in FINETUNE_KEEP and Event.INIT not in a.listens_to()]
 
+    step = finetune_step(recipe)
+
     def optimizers(m):
-        opts = build_optimizer(recipe.optimizer, m, runtime, recipe.data.batch_size)
+        opts = build_optimizer(recipe.optimizer, m, runtime, recipe.data.batch_size,
+                               compiled=bool(step.compile_optimizer))
         for o in (opts if isinstance(opts, list) else [opts]):
             for g in o.param_groups:
                 g["lr"] *= lr_factor
         return opts
 
-    t = Trainer(model=model, train_dataloader=session.built.train_dataloader, loss_fn=session.built.loss_fn,
-                algorithms=algos, runtime=runtime, optimizers=optimizers,
-                schedulers=[LRSchedule("linear", min_factor=0.0)], max_duration=duration, log_interval=duration,
-                grad_clip_norm=recipe.trainer.grad_clip_norm, callbacks=[ProgressBar()] if progress else [])
+    t = Trainer.from_parts(assemble(
+        model, runtime, train_dataloader=session.built.train_dataloader, loss_fn=session.built.loss_fn,
+        algorithms=algos, optimizers=optimizers, schedulers=[LRSchedule("linear", min_factor=0.0)],
+        callbacks=[ProgressBar()] if progress else [], step=step,
+        durations=Durations(max_duration=duration, log_interval=duration)))
     t.fit(summary=False)
     model.eval()
     return eval_trainer(model, session, timestamp).evaluate()
@@ -303,13 +324,15 @@ def compress_run(source, prune: float = 0.0, scope: str = "global", structured_r
     tuned, ft_record = None, None
     if finetune_for:
         ft_precision = finetune_runtime(work).precision
-        log(f"fine-tuning for {finetune_for} at {lr_factor:g}x the recipe's learning rates, in {ft_precision}")
+        ft_step = step_summary(finetune_step(work.recipe))
+        log(f"fine-tuning for {finetune_for} at {lr_factor:g}x the recipe's learning rates, in {ft_precision}"
+            + (f" ({ft_step})" if ft_step else ""))
         t_ft = time.perf_counter()
         tuned = finetune(model, work, finetune_for, lr_factor, progress=progress, timestamp=stamp)
         ft_record = {"precision": ft_precision, "asked_precision": work.recipe.trainer.precision,
-                     "seconds": time.perf_counter() - t_ft}
+                     "step": ft_step or None, "seconds": time.perf_counter() - t_ft}
         steps.append(f"fine-tuning for {finetune_for} at {lr_factor:g}x the learning rates, linear decay to 0, "
-                     f"in {ft_precision}")
+                     f"in {ft_precision}" + (f", the recipe's step settings {ft_step}" if ft_step else ""))
     pruning.make_permanent(model)
     model.eval()
     sparsity = pruning.layer_sparsity(model) if prune else {}
@@ -467,7 +490,8 @@ def render(r: dict) -> str:
     lines += ["", f"CPU flags: {', '.join(r['cpu']['flags'])}."]
     if r.get("finetune"):   # older reports do not say; they fine-tuned in fp32
         ft = r["finetune"]
-        lines += [f"Fine-tuning trained in {ft['precision']} (trainer.precision: {ft['asked_precision']}) "
+        how = f", step settings {ft['step']}" if ft.get("step") else ""
+        lines += [f"Fine-tuning trained in {ft['precision']} (trainer.precision: {ft['asked_precision']}{how}) "
                   f"for {ft['seconds']:.1f} s; every evaluation ran in fp32."]
     if r.get("host_allocator"):   # older reports do not say; they ran under glibc's defaults
         lines += [f"The process's {r['host_allocator'][0].lower()}{r['host_allocator'][1:]}."]
