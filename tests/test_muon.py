@@ -251,3 +251,41 @@ def test_speedrun_head_std():
     torch.manual_seed(0)
     assert SpeedrunNet(widths=(8, 16, 16), head_std=1.0).head.weight.std().item() == pytest.approx(1.0)
     assert SpeedrunNet(widths=(8, 16, 16)).head.weight.std().item() < 0.2      # PyTorch's default init
+
+
+def test_ns_coefficients_from_a_recipe_reach_the_iteration():
+    """optimizer.muon.ns_coefficients (the Hive's record uses its own): the kernels' update equals
+    torch.optim.Muon's with the same coefficients on the flattened kernel, and differs from the
+    default coefficients' update."""
+    from hasten.build import build_optimizer
+    from hasten.config import MuonSettings, OptimizerConfig
+    from hasten.runtime import make_runtime
+    hive = (3.4576, -4.7391, 2.0843)
+    torch.manual_seed(0)
+    w, g = torch.randn(16, 8, 3, 3), torch.randn(16, 8, 3, 3)
+    updates = {}
+    for coeffs in (None, list(hive)):
+        m = nn.Sequential(nn.Conv2d(8, 16, 3, bias=False))
+        m[0].weight.data.copy_(w)
+        cfg = OptimizerConfig(name="muon", lr=1.0, muon=MuonSettings(others="sgd", lr=1.0, momentum=0.0, ns_steps=3,
+                                                                   ns_dtype="bf16", ns_coefficients=coeffs))
+        (opt,) = build_optimizer(cfg, m, make_runtime(device="cpu"))
+        m[0].weight.grad = g.clone()
+        opt.step()
+        updates[coeffs is not None] = w - m[0].weight.detach()
+    p = nn.Parameter(w.view(16, -1).clone())
+    ref = torch.optim.Muon([p], lr=1.0, weight_decay=0.0, momentum=0.0, nesterov=False, ns_steps=3, ns_coefficients=hive)
+    p.grad = g.view(16, -1).clone()
+    ref.step()
+    torch.testing.assert_close(updates[True], (w.view(16, -1) - p.detach()).view_as(w), rtol=1e-4, atol=1e-5)
+    assert (updates[True] - updates[False]).abs().max() > 1e-3
+    with pytest.raises(ValueError, match="three coefficients"):
+        build_optimizer(OptimizerConfig(name="muon", muon=MuonSettings(others="sgd", ns_coefficients=[1.0, 2.0])),
+                        nn.Sequential(nn.Conv2d(8, 16, 3, bias=False)), make_runtime(device="cpu"))
+
+
+def test_speedrun_stem_activation_can_differ_from_the_groups():
+    from hasten.models import SpeedrunNet
+    m = SpeedrunNet(widths=(8, 16, 16), act="silu", stem_act="gelu")
+    assert isinstance(m.stem_act, nn.GELU) and isinstance(m.groups[0][3], nn.SiLU)
+    assert isinstance(SpeedrunNet(widths=(8, 16, 16), act="silu").stem_act, nn.SiLU)   # default: act

@@ -51,12 +51,13 @@ def build_optimizer(cfg: OptimizerConfig, model: torch.nn.Module, runtime: Runti
                                muon_weight_decay=mu.weight_decay, adam_lr=cfg.lr, adam_betas=adam.betas,
                                adam_weight_decay=cfg.weight_decay, adjust_lr_fn=mu.adjust_lr, fused=fused,
                                ns_steps=mu.ns_steps, normalize_weights=mu.normalize,
-                               ns_dtype=mu.ns_dtype, precision=runtime.precision, foreach=mu.foreach)
+                               ns_dtype=mu.ns_dtype, precision=runtime.precision, foreach=mu.foreach,
+                               ns_coefficients=mu.ns_coefficients)
     if cfg.name == "muon":   # Muon for the hidden matrices and kernels, SGD with the group rules for the rest
         hidden, other = split_for_muon(model)
         opts = [muon_for([p for _, p in hidden], mu.lr, mu.momentum, mu.weight_decay, mu.adjust_lr, mu.ns_steps,
                          mu.normalize, ns_dtype=mu.ns_dtype, precision=runtime.precision,
-                         foreach=mu.foreach)] if hidden else []
+                         foreach=mu.foreach, ns_coefficients=mu.ns_coefficients)] if hidden else []
         if other:
             groups = param_groups(other, cfg.weight_decay, cfg.decay_min_dim, tuple(cfg.no_decay), cfg.lr_multipliers,
                                   cfg.decay_ignores_lr_mult)

@@ -135,6 +135,8 @@ class MuonSettings:
     """Muon's weight decay."""
     ns_steps: int = setting(5, ge=1)
     """Newton-Schulz iterations per update."""
+    ns_coefficients: Optional[list[float]] = None
+    """The quintic iteration's (a, b, c); null: torch.optim.Muon's (3.4445, -4.775, 2.0315)."""
     adjust_lr: Optional[str] = None
     """torch.optim.Muon adjust_lr_fn: null/'original' or 'match_rms_adamw'."""
     normalize: bool = False

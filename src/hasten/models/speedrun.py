@@ -1,7 +1,8 @@
 """A compact CIFAR speedrun network, written plainly.
 
     whitening stem   conv k x k (no padding) with 2 * C * k * k outputs, meant to be set
-                     from data by `hasten.algorithms.patch_whitening` (PCA of image patches)
+                     from data by `hasten.algorithms.patch_whitening` (PCA of image patches),
+                     then `stem_act` (default: `act`; the Hive's record: GELU here, SiLU after)
     three groups     conv 3x3 -> max-pool 2 -> batch norm -> act -> conv 3x3 -> batch norm -> act
     head             global max-pool -> linear (no bias) -> logits times `logit_scale`;
                      `head_std` sets the head's initial weights to that standard deviation
@@ -39,14 +40,15 @@ class ConvGroup(nn.Sequential):
 class SpeedrunNet(nn.Module):
     def __init__(self, num_classes: int = 10, widths: tuple = (64, 256, 256), whiten_kernel: int = 2,
                  in_channels: int = 3, act: str = "gelu", logit_scale: float = 1 / 9,
-                 bn_momentum: float = 0.1, bn_eps: float = 1e-5, head_std: float | None = None):
+                 bn_momentum: float = 0.1, bn_eps: float = 1e-5, head_std: float | None = None,
+                 stem_act: str | None = None):
         super().__init__()
         if len(widths) != 3:
             raise ValueError(f"widths must have three entries (one per conv group), got {widths}")
         k = whiten_kernel
         stem = 2 * in_channels * k * k
         self.whiten = nn.Conv2d(in_channels, stem, k, padding=0, bias=True)
-        self.stem_act = _act(act)
+        self.stem_act = _act(stem_act or act)
         chans = (stem, *widths)
         self.groups = nn.Sequential(*(ConvGroup(chans[i], chans[i + 1], act, bn_momentum, bn_eps) for i in range(3)))
         self.pool = nn.AdaptiveMaxPool2d(1)

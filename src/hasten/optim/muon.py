@@ -248,7 +248,7 @@ class ConvMuon(torch.optim.Muon):
 def muon_for(params: list[torch.Tensor], lr: float = 0.02, momentum: float = 0.95, weight_decay: float = 0.0,
              adjust_lr_fn: str | None = None, ns_steps: int = 5, normalize_weights: bool = False,
              nesterov: bool = True, ns_dtype: str = "auto", precision: str = "fp32",
-             foreach: bool | None = None) -> torch.optim.Optimizer:
+             foreach: bool | None = None, ns_coefficients=None) -> torch.optim.Optimizer:
     """torch.optim.Muon when every parameter is a matrix, no normalisation is asked, the
     iteration runs in bf16 and nothing is sharded; ConvMuon otherwise. Under FSDP ConvMuon
     gathers each sharded update explicitly (`_whole_matrix_update`, tested against one
@@ -257,6 +257,10 @@ def muon_for(params: list[torch.Tensor], lr: float = 0.02, momentum: float = 0.9
     processes matched one process exactly), but hasten keeps to the path it tests."""
     kw = dict(lr=lr, momentum=momentum, weight_decay=weight_decay, adjust_lr_fn=adjust_lr_fn, ns_steps=ns_steps,
               nesterov=nesterov)
+    if ns_coefficients is not None:
+        if len(ns_coefficients) != 3:
+            raise ValueError(f"ns_coefficients: give the three coefficients (a, b, c), got {list(ns_coefficients)}")
+        kw["ns_coefficients"] = tuple(float(c) for c in ns_coefficients)
     bf16 = ns_dtype_for(ns_dtype, precision) == torch.bfloat16
     if all(p.ndim == 2 for p in params) and not normalize_weights and bf16 and not any(map(is_dtensor, params)):
         opt = torch.optim.Muon(params, **kw)
@@ -273,7 +277,7 @@ def muon_optimizers(model: torch.nn.Module, muon_lr: float = 0.02, muon_momentum
                     adjust_lr_fn: str | None = None, fused: bool | None = None,
                     ns_steps: int = 5, normalize_weights: bool = False,
                     ns_dtype: str = "auto", precision: str = "fp32",
-                    foreach: bool | None = None) -> list[torch.optim.Optimizer]:
+                    foreach: bool | None = None, ns_coefficients=None) -> list[torch.optim.Optimizer]:
     """[Muon over the hidden matrices and conv kernels, AdamW over the rest]: parameters with two
     or more dimensions whose names match none of `exclude` (embeddings and heads by default) go
     to Muon (`muon_lr`, `muon_momentum`, `muon_weight_decay`, `ns_steps` Newton-Schulz
@@ -284,7 +288,8 @@ def muon_optimizers(model: torch.nn.Module, muon_lr: float = 0.02, muon_momentum
     opts = []
     if hidden:
         opts.append(muon_for([p for _, p in hidden], muon_lr, muon_momentum, muon_weight_decay, adjust_lr_fn,
-                             ns_steps, normalize_weights, ns_dtype=ns_dtype, precision=precision, foreach=foreach))
+                             ns_steps, normalize_weights, ns_dtype=ns_dtype, precision=precision, foreach=foreach,
+                             ns_coefficients=ns_coefficients))
     if other:
         dev = other[0][1].device.type
         opts.append(torch.optim.AdamW([p for _, p in other], lr=adam_lr, betas=tuple(adam_betas),
