@@ -232,7 +232,17 @@ class Timer:
             self.total += time.perf_counter() - self.t
 
 
-def run(data, seed: int, epoch_evals: bool, warmup_steps: int = 0) -> dict:
+def make_muon(kernels: list, weight_decay: float, ns_dtype: torch.dtype) -> torch.optim.Optimizer:
+    """Muon for the conv kernels; `weight_decay`: the run's decay per step at the full lr."""
+    return KernelMuon(kernels, lr=HYP["muon_lr"], momentum=HYP["muon_momentum"],
+                      weight_decay=weight_decay / HYP["muon_lr"], ns_steps=HYP["ns_steps"], ns_dtype=ns_dtype)
+
+
+def run(data, seed: int, epoch_evals: bool, warmup_steps: int = 0, proc=None) -> dict:
+    """One seed's timed run of the procedure `proc` (a module with HYP, Net, EpochData,
+    make_muon and evaluate; this one by default: peers/hive_cifar10.py passes itself)."""
+    proc = proc or sys.modules[__name__]
+    HYP, Net, EpochData, evaluate = proc.HYP, proc.Net, proc.EpochData, proc.evaluate
     torch.manual_seed(seed)
     gen = torch.Generator().manual_seed(seed)
     bs = HYP["batch_size"]
@@ -250,16 +260,15 @@ def run(data, seed: int, epoch_evals: bool, warmup_steps: int = 0) -> dict:
                            dict(params=[model.head.weight], lr=HYP["head_lr"], weight_decay=wd / HYP["head_lr"])],
                           momentum=HYP["sgd_momentum"], nesterov=True)
     ns_dtype = torch.bfloat16 if RUN["amp"] else torch.float32   # hasten's rule: the run's matmul precision
-    muon = KernelMuon(kernels, lr=HYP["muon_lr"], momentum=HYP["muon_momentum"], weight_decay=wd / HYP["muon_lr"],
-                      ns_steps=HYP["ns_steps"], ns_dtype=ns_dtype)
+    muon = proc.make_muon(kernels, wd, ns_dtype)
     for opt in (sgd, muon):
         for g in opt.param_groups:
             g["base_lr"] = g["lr"]
     forward = torch.compile(model) if RUN["compile"] else model
     loss_fn = nn.CrossEntropyLoss(label_smoothing=HYP["label_smoothing"], reduction="sum")
     steps_per_epoch = len(labels) // bs
-    total = HYP["epochs"] * steps_per_epoch if not warmup_steps else warmup_steps
-    bias_steps = HYP["whiten_bias_epochs"] * steps_per_epoch
+    total = math.ceil(HYP["epochs"] * steps_per_epoch) if not warmup_steps else warmup_steps
+    bias_steps = math.ceil(HYP["whiten_bias_epochs"] * steps_per_epoch)
     whitening, training, tta_eval = Timer(), Timer(), Timer()
     evals = []
     with whitening:
@@ -273,7 +282,8 @@ def run(data, seed: int, epoch_evals: bool, warmup_steps: int = 0) -> dict:
                 for g in sgd.param_groups[1:] + muon.param_groups:
                     g["lr"] = g["base_lr"] * frac
                 with _autocast():
-                    loss = loss_fn(forward(x), y)
+                    # the Hive's net takes the whitening bias out of the graph after its steps; here its lr reaches 0
+                    loss = loss_fn(forward(x, step < bias_steps) if HYP.get("detach_whiten_bias") else forward(x), y)
                 sgd.zero_grad(set_to_none=True)
                 muon.zero_grad(set_to_none=True)
                 loss.backward()
@@ -305,8 +315,10 @@ def cpu_has_bf16() -> bool:
     return bool({"avx512_bf16", "amx_bf16"} & set(flags))
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def main(argv=None, proc=None, name: str = "airbench94_muon (hasten's rendering)") -> int:
+    """The command line of a peer script: this one's, or `proc`'s (peers/hive_cifar10.py)."""
+    proc = proc or sys.modules[__name__]
+    ap = argparse.ArgumentParser(description=proc.__doc__.split("\n")[0])
     ap.add_argument("--data", help="CIFAR-10: the official archive or folder, or an image-folder zip (hasten's reader)")
     ap.add_argument("--seeds", type=int, default=1)
     ap.add_argument("--seed0", type=int, default=0)
@@ -323,18 +335,16 @@ def main(argv=None) -> int:
 
     from hasten.data.cifar import load_cifar10      # the reader only
     data = load_cifar10(args.data)
-    info = {"peer": "airbench94_muon (hasten's rendering)", "cpu": platform.processor() or platform.machine(),
+    info = {"peer": name, "cpu": platform.processor() or platform.machine(),
             "device": str(RUN["device"]), "gpu": torch.cuda.get_device_name() if RUN["device"].type == "cuda" else None,
             "threads": torch.get_num_threads(), "torch": torch.__version__, "compiled": RUN["compile"],
             "malloc_env": {k: v for k, v in os.environ.items() if k.startswith("MALLOC_")},
             "precision": "bf16" if RUN["amp"] else "fp32"}
-    if RUN["device"].type == "cuda":
-        run(data, seed=10_000, epoch_evals=False, warmup_steps=HYP["epochs"] * (len(data.train_y) // HYP["batch_size"]))
-    else:
-        run(data, seed=10_000, epoch_evals=False, warmup_steps=3)
+    steps = math.ceil(proc.HYP["epochs"] * (len(data.train_y) // proc.HYP["batch_size"]))
+    run(data, seed=10_000, epoch_evals=False, warmup_steps=steps if RUN["device"].type == "cuda" else 3, proc=proc)
     results = []
     for seed in range(args.seed0, args.seed0 + args.seeds):
-        r = {**run(data, seed, args.epoch_evals), **info}
+        r = {**run(data, seed, args.epoch_evals, proc=proc), **info}
         results.append(r)
         print(f"seed {seed}: acc {r['acc_tta']:.4f} (no TTA {r['acc']:.4f}), timed {r['timed_s']:.2f} s "
               f"(whitening {r['parts_s']['whitening']:.2f}, training {r['parts_s']['training']:.2f}, "

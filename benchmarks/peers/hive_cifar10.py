@@ -25,7 +25,8 @@ differing from it where the Hive's procedure does:
   maximum) get the mean of 6 views' logits instead (the image, shifted one pixel up-left and
   down-right by reflect padding, and the three mirrored).
 
-Timed as airbench94_muon's rendering: the whitening fit, training with its data loading and
+Run and timed by airbench94_muon's rendering (its `run` and `main` over this module's
+procedure): the whitening fit, training with its data loading and
 the final evaluation; on the CPU bf16 autocast with fp32 parameters where the CPU has bf16
 hardware, fp32 elsewhere, the Newton-Schulz iteration in the run's precision.
 
@@ -33,11 +34,6 @@ hardware, fp32 elsewhere, the Newton-Schulz iteration in the run's precision.
 """
 from __future__ import annotations
 
-import argparse
-import json
-import math
-import os
-import platform
 import sys
 from pathlib import Path
 
@@ -46,13 +42,14 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import airbench94_muon as base  # noqa: E402   (the shared parts: whitening fit, timing, test data)
+import airbench94_muon as base  # noqa: E402   (the shared parts: run and main, whitening fit, timing)
 
 RUN = base.RUN
 HYP = dict(epochs=7.63, batch_size=1536, muon_lr=0.205, muon_momentum=0.655, ns_steps=3, norm_every=8,
            sgd_momentum=0.825, bias_lr=0.0573, head_lr=0.5415, weight_decay=1.0418e-6, label_smoothing=0.09,
            whiten_bias_epochs=0.19, translate=2, widths=(64, 256, 256), bn_momentum=1 - 0.5566, logit_divisor=256.0,
-           whiten_images=960, whiten_eps=5e-4, brightness=0.1399, contrast=0.1308, tta_fraction=0.2, eval_batch=2000)
+           whiten_images=960, whiten_eps=5e-4, brightness=0.1399, contrast=0.1308, tta_fraction=0.2, eval_batch=2000,
+           detach_whiten_bias=True)
 NS_COEFFS = (3.4576, -4.7391, 2.0843)
 
 
@@ -166,113 +163,16 @@ def evaluate(model, images: torch.Tensor, labels: torch.Tensor, tta: bool) -> fl
     return (logits.argmax(1) == labels.to(logits.device)).float().mean().item()
 
 
-# ---------------------------------------------------------------------------------- training
-def run(data, seed: int, epoch_evals: bool, warmup_steps: int = 0) -> dict:
-    torch.manual_seed(seed)
-    gen = torch.Generator().manual_seed(seed)
-    bs = HYP["batch_size"]
-    labels = data.train_y if not warmup_steps else torch.randint(0, 10, data.train_y.shape, generator=gen)
-    train = EpochData(data.train_x, labels, gen)
-    test_x, test_y = base.normalised(data.test_x), data.test_y
-
-    model = Net().to(RUN["device"], memory_format=torch.channels_last)
-    kernels = [p for p in model.parameters() if p.dim() == 4 and p.requires_grad]
-    norm_biases = [p for n, p in model.named_parameters()
-                   if isinstance(model.get_submodule(n.rsplit(".", 1)[0]), nn.BatchNorm2d) and p.requires_grad]
-    wd = HYP["weight_decay"] * bs
-    sgd = torch.optim.SGD([dict(params=[model.whiten.bias], lr=HYP["bias_lr"], weight_decay=wd / HYP["bias_lr"]),
-                           dict(params=norm_biases, lr=HYP["bias_lr"], weight_decay=wd / HYP["bias_lr"]),
-                           dict(params=[model.head.weight], lr=HYP["head_lr"], weight_decay=wd / HYP["head_lr"])],
-                          momentum=HYP["sgd_momentum"], nesterov=True)
-    ns_dtype = torch.bfloat16 if RUN["amp"] else torch.float32
-    muon = KernelMuon(kernels, lr=HYP["muon_lr"], momentum=HYP["muon_momentum"], weight_decay=wd,
+# ------------------------------------------------------------------------------ optimisers
+def make_muon(kernels: list, weight_decay: float, ns_dtype: torch.dtype) -> torch.optim.Optimizer:
+    """Muon for the conv kernels; the weights multiplied by 1 - lr x `weight_decay` each step."""
+    return KernelMuon(kernels, lr=HYP["muon_lr"], momentum=HYP["muon_momentum"], weight_decay=weight_decay,
                       ns_steps=HYP["ns_steps"], ns_dtype=ns_dtype, norm_every=HYP["norm_every"])
-    for opt in (sgd, muon):
-        for g in opt.param_groups:
-            g["base_lr"] = g["lr"]
-    forward = torch.compile(model) if RUN["compile"] else model
-    loss_fn = nn.CrossEntropyLoss(label_smoothing=HYP["label_smoothing"], reduction="sum")
-    steps_per_epoch = len(labels) // bs
-    total = math.ceil(HYP["epochs"] * steps_per_epoch) if not warmup_steps else warmup_steps
-    bias_steps = math.ceil(HYP["whiten_bias_epochs"] * steps_per_epoch)
-    whitening, training, tta_eval = base.Timer(), base.Timer(), base.Timer()
-    evals = []
-    with whitening:
-        base.fit_whitening(model.whiten, base.normalised(data.train_x[:HYP["whiten_images"]]), HYP["whiten_eps"])
-    step = 0
-    for epoch in range(math.ceil(total / steps_per_epoch)):
-        with training:
-            for x, y in train.epoch_batches(bs):
-                frac = 1 - step / total
-                sgd.param_groups[0]["lr"] = sgd.param_groups[0]["base_lr"] * max(0.0, 1 - step / bias_steps)
-                for g in sgd.param_groups[1:] + muon.param_groups:
-                    g["lr"] = g["base_lr"] * frac
-                with base._autocast():
-                    loss = loss_fn(forward(x, step < bias_steps), y)
-                sgd.zero_grad(set_to_none=True)
-                muon.zero_grad(set_to_none=True)
-                loss.backward()
-                sgd.step()
-                muon.step()
-                step += 1
-                if step >= total:
-                    break
-        if epoch_evals and not warmup_steps:
-            evals.append({"epoch": epoch + 1, "acc": evaluate(forward, test_x, test_y, tta=False)})
-            print(f"  epoch {epoch + 1}: val acc {evals[-1]['acc']:.4f}, training {training.total:.1f} s", flush=True)
-        if step >= total:
-            break
-    if warmup_steps:
-        evaluate(forward, test_x[:2 * HYP["eval_batch"]], test_y[:2 * HYP["eval_batch"]], tta=True)
-        return {}
-    with tta_eval:
-        acc = evaluate(forward, test_x, test_y, tta=True)
-    parts = {"whitening": whitening.total, "training": training.total, "tta_eval": tta_eval.total}
-    return {"seed": seed, "acc_tta": acc, "acc": evaluate(forward, test_x, test_y, tta=False),
-            "timed_s": sum(parts.values()), "parts_s": parts, "steps": step, "epoch_evals": evals}
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--data", help="CIFAR-10: the official archive or folder, or an image-folder zip (hasten's reader)")
-    ap.add_argument("--seeds", type=int, default=1)
-    ap.add_argument("--seed0", type=int, default=0)
-    ap.add_argument("--epoch-evals", action="store_true", help="evaluate after every epoch (not timed)")
-    ap.add_argument("--out", help="append one JSON line per run to this file")
-    ap.add_argument("--precision", choices=("auto", "bf16", "fp32"), default="auto",
-                    help="bf16 autocast or plain fp32; auto: bf16 on a GPU or a CPU with AVX512-BF16 or AMX")
-    ap.add_argument("--device", default="cpu", help="cpu or cuda")
-    ap.add_argument("--compile", action="store_true", help="torch.compile the network (as published, on a GPU)")
-    args = ap.parse_args(argv)
-    RUN["device"] = torch.device(args.device)
-    RUN["compile"] = args.compile
-    RUN["amp"] = args.precision == "bf16" or (args.precision == "auto" and (RUN["device"].type == "cuda"
-                                                                           or base.cpu_has_bf16()))
-    from hasten.data.cifar import load_cifar10      # the reader only
-    data = load_cifar10(args.data)
-    info = {"peer": "the Hive's cifar10-speedrun (hasten's rendering)", "cpu": platform.processor() or platform.machine(),
-            "device": str(RUN["device"]), "gpu": torch.cuda.get_device_name() if RUN["device"].type == "cuda" else None,
-            "threads": torch.get_num_threads(), "torch": torch.__version__, "compiled": RUN["compile"],
-            "malloc_env": {k: v for k, v in os.environ.items() if k.startswith("MALLOC_")},
-            "precision": "bf16" if RUN["amp"] else "fp32"}
-    steps = math.ceil(HYP["epochs"] * (len(data.train_y) // HYP["batch_size"]))
-    run(data, seed=10_000, epoch_evals=False, warmup_steps=steps if RUN["device"].type == "cuda" else 3)
-    results = []
-    for seed in range(args.seed0, args.seed0 + args.seeds):
-        r = {**run(data, seed, args.epoch_evals), **info}
-        results.append(r)
-        print(f"seed {seed}: acc {r['acc_tta']:.4f} (no TTA {r['acc']:.4f}), timed {r['timed_s']:.2f} s "
-              f"(whitening {r['parts_s']['whitening']:.2f}, training {r['parts_s']['training']:.2f}, "
-              f"TTA eval {r['parts_s']['tta_eval']:.2f})", flush=True)
-        if args.out:
-            Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-            with open(args.out, "a") as f:
-                f.write(json.dumps(r) + "\n")
-    if len(results) > 1:
-        accs = torch.tensor([r["acc_tta"] for r in results])
-        times = torch.tensor([r["timed_s"] for r in results])
-        print(f"mean acc {accs.mean():.4f} +- {accs.std():.4f}, mean timed {times.mean():.2f} +- {times.std():.2f} s")
-    return 0
+    """airbench94_muon's command line and timed loop (peers/airbench94_muon.py) over this procedure."""
+    return base.main(argv, proc=sys.modules[__name__], name="the Hive's cifar10-speedrun (hasten's rendering)")
 
 
 if __name__ == "__main__":
