@@ -106,14 +106,14 @@ def fit_whitening(conv: nn.Conv2d, images: torch.Tensor, eps: float) -> None:
 
 
 # ------------------------------------------------------------------------------------ Muon
-def newton_schulz(g: torch.Tensor, steps: int, dtype: torch.dtype) -> torch.Tensor:
+def newton_schulz(g: torch.Tensor, steps: int, dtype: torch.dtype, coeffs=NS_COEFFS, eps: float = 1e-7) -> torch.Tensor:
     """The quintic iteration toward the nearest semi-orthogonal matrix (rows <= cols by transposing)."""
-    a, b, c = NS_COEFFS
+    a, b, c = coeffs
     x = g.to(dtype)
     tall = x.size(0) > x.size(1)
     if tall:
         x = x.T
-    x = x / (x.norm() + 1e-7)
+    x = x / (x.norm() + eps)
     for _ in range(steps):
         s = x @ x.T
         x = a * x + (b * s + c * s @ s) @ x
@@ -123,14 +123,23 @@ def newton_schulz(g: torch.Tensor, steps: int, dtype: torch.dtype) -> torch.Tens
 class KernelMuon(torch.optim.Optimizer):
     """Muon on conv kernels: Nesterov momentum, then each kernel's update orthogonalised on its
     (out, in * kh * kw) view; the kernel is rescaled to norm sqrt(out channels) before the update;
-    decoupled weight decay `weight_decay` (times the group's current lr)."""
+    decoupled weight decay `weight_decay` (times the group's current lr).
 
-    def __init__(self, params, lr: float, momentum: float, weight_decay: float, ns_steps: int, ns_dtype: torch.dtype):
+    The Hive's variant (peers/hive_cifar10.py) sets the rest: `norm_every` (rescale every that
+    many steps; 1 here), `decay_last` (the decay after the update instead of before), the
+    iteration's `coeffs` and `ns_eps`, and `norm_eps` added to the kernel's norm."""
+
+    def __init__(self, params, lr: float, momentum: float, weight_decay: float, ns_steps: int, ns_dtype: torch.dtype,
+                 norm_every: int = 1, decay_last: bool = False, coeffs=NS_COEFFS, ns_eps: float = 1e-7,
+                 norm_eps: float = 0.0):
         super().__init__(params, dict(lr=lr, momentum=momentum, weight_decay=weight_decay))
-        self.ns_steps, self.ns_dtype = ns_steps, ns_dtype
+        self.ns_steps, self.ns_dtype, self.norm_every, self.decay_last = ns_steps, ns_dtype, norm_every, decay_last
+        self.coeffs, self.ns_eps, self.norm_eps, self.steps = coeffs, ns_eps, norm_eps, 0
 
     @torch.no_grad()
     def step(self):
+        self.steps += 1
+        rescale = self.steps % self.norm_every == 0
         for group in self.param_groups:
             lr, mom, wd = group["lr"], group["momentum"], group["weight_decay"]
             for p in group["params"]:
@@ -139,10 +148,15 @@ class KernelMuon(torch.optim.Optimizer):
                 buf = self.state[p].setdefault("momentum", torch.zeros_like(p.grad))
                 buf.mul_(mom).add_(p.grad)
                 g = p.grad.add(buf, alpha=mom)
-                update = newton_schulz(g.reshape(len(g), -1), self.ns_steps, self.ns_dtype).view_as(p)
-                p.mul_(len(p) ** 0.5 / p.norm())
-                p.mul_(1 - lr * wd)
+                update = newton_schulz(g.reshape(len(g), -1), self.ns_steps, self.ns_dtype, self.coeffs,
+                                       self.ns_eps).view_as(p)
+                if rescale:
+                    p.mul_(len(p) ** 0.5 / (p.norm() + self.norm_eps))
+                if not self.decay_last:
+                    p.mul_(1 - lr * wd)
                 p.add_(update, alpha=-lr)
+                if self.decay_last:
+                    p.mul_(1 - lr * wd)
 
 
 # -------------------------------------------------------------------------------------- data

@@ -83,48 +83,6 @@ class Net(nn.Module):
         return self.head(self.body(x).flatten(1)) / HYP["logit_divisor"]
 
 
-# ------------------------------------------------------------------------------------ Muon
-def newton_schulz(g: torch.Tensor, steps: int, dtype: torch.dtype) -> torch.Tensor:
-    a, b, c = NS_COEFFS
-    x = g.to(dtype)
-    tall = x.size(0) > x.size(1)
-    if tall:
-        x = x.T
-    x = x / (x.norm() + 1e-5)
-    for _ in range(steps):
-        s = x @ x.T
-        x = a * x + (b * s + c * s @ s) @ x
-    return (x.T if tall else x).to(g.dtype)
-
-
-class KernelMuon(torch.optim.Optimizer):
-    """Muon on conv kernels as the Hive runs it: Nesterov momentum, the update orthogonalised on
-    the (out, in * kh * kw) view, each kernel rescaled to norm sqrt(out channels) every
-    `norm_every` steps before its update, then the weights multiplied by 1 - lr x weight_decay."""
-
-    def __init__(self, params, lr, momentum, weight_decay, ns_steps, ns_dtype, norm_every):
-        super().__init__(params, dict(lr=lr, momentum=momentum, weight_decay=weight_decay))
-        self.ns_steps, self.ns_dtype, self.norm_every, self.steps = ns_steps, ns_dtype, norm_every, 0
-
-    @torch.no_grad()
-    def step(self):
-        self.steps += 1
-        rescale = self.norm_every > 0 and self.steps % self.norm_every == 0
-        for group in self.param_groups:
-            lr, mom, wd = group["lr"], group["momentum"], group["weight_decay"]
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                buf = self.state[p].setdefault("momentum", torch.zeros_like(p.grad))
-                buf.mul_(mom).add_(p.grad)
-                g = p.grad.add(buf, alpha=mom)
-                update = newton_schulz(g.reshape(len(g), -1), self.ns_steps, self.ns_dtype).view_as(p)
-                if rescale:
-                    p.mul_(len(p) ** 0.5 / (p.norm() + 1e-7))
-                p.add_(update, alpha=-lr)
-                p.mul_(1 - lr * wd)
-
-
 # -------------------------------------------------------------------------------------- data
 class EpochData(base.EpochData):
     """airbench94_muon's epochs, with the Hive's brightness and contrast jitter per image and epoch."""
@@ -166,8 +124,9 @@ def evaluate(model, images: torch.Tensor, labels: torch.Tensor, tta: bool) -> fl
 # ------------------------------------------------------------------------------ optimisers
 def make_muon(kernels: list, weight_decay: float, ns_dtype: torch.dtype) -> torch.optim.Optimizer:
     """Muon for the conv kernels; the weights multiplied by 1 - lr x `weight_decay` each step."""
-    return KernelMuon(kernels, lr=HYP["muon_lr"], momentum=HYP["muon_momentum"], weight_decay=weight_decay,
-                      ns_steps=HYP["ns_steps"], ns_dtype=ns_dtype, norm_every=HYP["norm_every"])
+    return base.KernelMuon(kernels, lr=HYP["muon_lr"], momentum=HYP["muon_momentum"], weight_decay=weight_decay,
+                           ns_steps=HYP["ns_steps"], ns_dtype=ns_dtype, norm_every=HYP["norm_every"], decay_last=True,
+                           coeffs=NS_COEFFS, ns_eps=1e-5, norm_eps=1e-7)
 
 
 def main(argv=None) -> int:
