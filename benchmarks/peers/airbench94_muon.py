@@ -81,13 +81,15 @@ def group(c_in: int, c_out: int) -> nn.Sequential:
 
 
 class Net(nn.Module):
-    def __init__(self):
+    def __init__(self, make_group=None, widths=None):   # the Hive's net passes its own groups and widths
         super().__init__()
-        w1, w2, w3 = HYP["widths"]
+        w1, w2, w3 = widths or HYP["widths"]
+        make_group = make_group or group
         self.whiten = nn.Conv2d(3, 24, 2, bias=True)
         nn.init.zeros_(self.whiten.bias)
         self.whiten.weight.requires_grad_(False)
-        self.body = nn.Sequential(nn.GELU(), group(24, w1), group(w1, w2), group(w2, w3), nn.MaxPool2d(3))
+        self.body = nn.Sequential(nn.GELU(), make_group(24, w1), make_group(w1, w2), make_group(w2, w3),
+                                  nn.MaxPool2d(3))
         self.head = nn.Linear(w3, 10, bias=False)
         with torch.no_grad():
             self.head.weight.div_(self.head.weight.std())

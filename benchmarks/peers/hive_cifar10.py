@@ -65,17 +65,11 @@ def group(c_in: int, c_out: int) -> nn.Sequential:
                          base.conv3x3(c_out, c_out), FrozenScaleBN(c_out), nn.SiLU())
 
 
-class Net(nn.Module):
+class Net(base.Net):
+    """airbench94_muon's net with SiLU groups; the whitening bias can leave the graph."""
+
     def __init__(self):
-        super().__init__()
-        w1, w2, w3 = HYP["widths"]
-        self.whiten = nn.Conv2d(3, 24, 2, bias=True)
-        nn.init.zeros_(self.whiten.bias)
-        self.whiten.weight.requires_grad_(False)
-        self.body = nn.Sequential(nn.GELU(), group(24, w1), group(w1, w2), group(w2, w3), nn.MaxPool2d(3))
-        self.head = nn.Linear(w3, 10, bias=False)
-        with torch.no_grad():
-            self.head.weight.div_(self.head.weight.std())
+        super().__init__(make_group=group, widths=HYP["widths"])
 
     def forward(self, x, train_whiten_bias: bool = True):
         b = self.whiten.bias if train_whiten_bias else self.whiten.bias.detach()
