@@ -186,13 +186,6 @@ def finetune_runtime(session: Session):
     return replace(rt, precision=resolve_precision(asked, rt.device), asked_precision=asked)
 
 
-def finetune_step(recipe: Recipe):
-    """How the fine-tune computes a step: the recipe's trainer.* step settings, as `hasten
-    train` reads them (compile, grad_accum, microbatch, memory_limit, activation
-    checkpointing, a compiled optimizer step, gradient clipping)."""
-    return step_options(recipe.trainer)
-
-
 def step_summary(step) -> str:
     """The step settings that differ from a plain step, for the report ('' if none)."""
     plain = StepOptions()
@@ -216,7 +209,7 @@ def finetune(model: torch.nn.Module, session: Session, duration: str, lr_factor:
     fresh = build_algorithms(recipe)
     algos = [a for n, a in zip(names, fresh) if n in FINETUNE_KEEP and Event.INIT not in a.listens_to()]
 
-    step = finetune_step(recipe)
+    step = step_options(recipe.trainer)   # the recipe's trainer.* step settings, as hasten train reads them
 
     def optimizers(m):
         opts = build_optimizer(recipe.optimizer, m, runtime, recipe.data.batch_size,
@@ -324,7 +317,7 @@ def compress_run(source, prune: float = 0.0, scope: str = "global", structured_r
     tuned, ft_record = None, None
     if finetune_for:
         ft_precision = finetune_runtime(work).precision
-        ft_step = step_summary(finetune_step(work.recipe))
+        ft_step = step_summary(step_options(work.recipe.trainer))
         log(f"fine-tuning for {finetune_for} at {lr_factor:g}x the recipe's learning rates, in {ft_precision}"
             + (f" ({ft_step})" if ft_step else ""))
         t_ft = time.perf_counter()
