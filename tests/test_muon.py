@@ -284,8 +284,22 @@ def test_ns_coefficients_from_a_recipe_reach_the_iteration():
                         nn.Sequential(nn.Conv2d(8, 16, 3, bias=False)), make_runtime(device="cpu"))
 
 
+def test_ns_coefficients_of_the_wrong_length_are_refused_when_the_recipe_loads():
+    from hasten.config import load_recipe
+    from hasten.errors import ConfigError
+    with pytest.raises(ConfigError, match=r"optimizer\.muon\.ns_coefficients: .*three numbers"):
+        load_recipe("cifar10-fast", ["optimizer.muon.ns_coefficients=[1,2]"])
+    assert load_recipe("cifar10-fast", ["optimizer.muon.ns_coefficients=[3.4576,-4.7391,2.0843]"]) is not None
+
+
 def test_speedrun_stem_activation_can_differ_from_the_groups():
+    from hasten.errors import ConfigError
     from hasten.models import SpeedrunNet
+    from hasten.config import load_recipe
+    from hasten.tasks.image_classification import _model
     m = SpeedrunNet(widths=(8, 16, 16), act="silu", stem_act="gelu")
     assert isinstance(m.stem_act, nn.GELU) and isinstance(m.groups[0][3], nn.SiLU)
     assert isinstance(SpeedrunNet(widths=(8, 16, 16), act="silu").stem_act, nn.SiLU)   # default: act
+    recipe = load_recipe("cifar10-fast", ["model.stem_act=tanh"])     # a value the model refuses: one line
+    with pytest.raises(ConfigError, match=r"model \(speedrun\): unknown activation 'tanh'"):
+        _model(recipe.model)

@@ -25,7 +25,8 @@ from .runtime import names_float8
 # the schema helpers live in a leaf module (tasks import them without importing this one);
 # check_time, coerce and from_dict are re-exported here for existing users
 from .schema import (NUMBER, DataSection, ModelSection, UnknownKey, check_time, coerce, device_string,  # noqa: F401
-                     fractions_below_one, from_dict, reference_table, setting, signature_config, suggest)
+                     fractions_below_one, from_dict, reference_table, setting, signature_config, suggest,
+                     three_numbers)
 
 RECIPE_SCHEMA_VERSION = 2   # recipe.yaml files in run folders record it; raised when keys are renamed (2: nested optimizer keys)
 
@@ -135,7 +136,7 @@ class MuonSettings:
     """Muon's weight decay."""
     ns_steps: int = setting(5, ge=1)
     """Newton-Schulz iterations per update."""
-    ns_coefficients: Optional[list[float]] = None
+    ns_coefficients: Optional[list[float]] = setting(None, check=three_numbers)
     """The quintic iteration's (a, b, c); null: torch.optim.Muon's (3.4445, -4.775, 2.0315)."""
     adjust_lr: Optional[str] = None
     """torch.optim.Muon adjust_lr_fn: null/'original' or 'match_rms_adamw'."""

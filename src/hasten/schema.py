@@ -108,6 +108,13 @@ def fractions_below_one(value) -> str | None:
     return None
 
 
+def three_numbers(value) -> str | None:
+    """For an iteration's (a, b, c), such as Muon's Newton-Schulz coefficients."""
+    if len(value) != 3:
+        return "must hold three numbers (a, b, c)"
+    return None
+
+
 class DataSection(Protocol):
     """What every task's `data` section has: the global batch of one optimizer step."""
     batch_size: int

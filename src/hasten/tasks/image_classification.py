@@ -90,7 +90,10 @@ def _model(m: NamedModel, classes: int = 10, image_size: int = 32) -> torch.nn.M
     if m.name.startswith("hf/") or is_target(m.name):
         return build_named("image_classification", m, {"num_labels": classes, "image_size": image_size},
                            {"num_classes": classes, "image_size": image_size})
-    return MODELS[m.name](**m.args)
+    try:
+        return MODELS[m.name](**m.args)
+    except ValueError as e:   # a packaged model refuses a value of the recipe's model section
+        raise ConfigError(f"model ({m.name}): {e}") from None
 
 
 def _accuracy(classes: int):
