@@ -10,7 +10,8 @@
 # against the same peer runs), `peer8` (8 epochs, no resizing, against them), `peer8c` and `peer9c`
 # (compiled: the peer's procedure with all six test views; 9 epochs without resizing), `peer8g` (peer8c
 # with CUDA graphs), `gpu` (the packaged cifar10-fast-gpu recipe against them; SEEDS=5 for 5 a side), `gpuco` (the same with
-# trainer.compile_optimizer=true), `graphs`
+# trainer.compile_optimizer=true), `hive` (cifar10-fast-gpu against the compiled Hive peer, benchmarks/peers/hive_cifar10.py,
+# its own peer runs), `graphs`
 # (compiled with CUDA graphs: trainer.compile_mode=reduce-overhead), `muonloop` (compiled, Muon's
 # kernels stepped one at a time: the comparison for optimizer.muon.foreach's default), `probe`
 # (patch whitening's fit, device cold or prepared), `profile` (one step of each side under
@@ -96,6 +97,12 @@ for part in "$@"; do
   gpusb)  # the GPU recipe with cifar10-fast's selective backprop (keep 0.5 from 40% of the run): does it pay on a GPU?
     vs_peer cifar10-fast-gpu-sb-vs-muon-$TAG$CALL \
       cifar10-fast-gpu+algorithms.selective_backprop.keep=0.5+algorithms.selective_backprop.start=0.4dur ${C_CAP:-200}
+    ;;
+  hive)   # the packaged GPU recipe against the Hive's 2025 record procedure (hasten's rendering), compiled, its own peer runs
+    N=cifar10-fast-gpu-vs-hive-$TAG$CALL
+    timeout ${C_CAP:-300} python3 benchmarks/cifar10_cpu_vs_peer.py --device cuda --peer hive --data .data/cifar10-jpeg.zip \
+      --seeds ${SEEDS:-3} --peer-seeds ${SEEDS:-3} --recipe cifar10-fast-gpu --name $N
+    mkdir -p "$W/results"; cp -r benchmarks/results/bench/$N benchmarks/results/$N.* "$W/results/" 2>/dev/null
     ;;
   gpuco)  # the same with its optimizers' steps compiled (trainer.compile_optimizer: learning rates as tensors)
     vs_peer cifar10-fast-gpu-compiled-optimizer-vs-muon-$TAG$CALL cifar10-fast-gpu+trainer.compile_optimizer=true ${C_CAP:-200}
