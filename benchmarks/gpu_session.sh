@@ -43,11 +43,12 @@ CALL=${CALL:-}
 # runs the peer afresh, then its own recipe, in the same call: PEER_RUN=cifar10-fast-gpu-vs-muon-h200-5 ... gpu gpuco).
 PEER=${PEER_RUN:-cifar10-fast-compiled-vs-muon-$TAG$CALL}
 
-vs_peer() {   # NAME RECIPE CAP: RECIPE against the compiled peer (its runs copied from $PEER, not rerun)
-  if [ "$1" != "$PEER" ]; then
+vs_peer() {   # NAME RECIPE CAP [KIND]: RECIPE against the compiled peer KIND (default muon: its runs copied
+              # from $PEER, not rerun; another kind runs its own peer seeds in NAME's folder)
+  if [ "${4:-muon}" = muon ] && [ "$1" != "$PEER" ]; then
     mkdir -p benchmarks/results/bench/$1; cp benchmarks/results/bench/$PEER/peer.jsonl benchmarks/results/bench/$1/ 2>/dev/null
   fi
-  timeout $3 python3 benchmarks/cifar10_cpu_vs_peer.py --device cuda --data .data/cifar10-jpeg.zip \
+  timeout $3 python3 benchmarks/cifar10_cpu_vs_peer.py --device cuda --peer ${4:-muon} --data .data/cifar10-jpeg.zip \
     --seeds ${SEEDS:-3} --peer-seeds ${SEEDS:-3} --recipe "$2" --name $1
   mkdir -p "$W/results"; cp -r benchmarks/results/bench/$1 benchmarks/results/$1.* "$W/results/" 2>/dev/null
 }
@@ -99,10 +100,7 @@ for part in "$@"; do
       cifar10-fast-gpu+algorithms.selective_backprop.keep=0.5+algorithms.selective_backprop.start=0.4dur ${C_CAP:-200}
     ;;
   hive)   # the packaged GPU recipe against the Hive's 2025 record procedure (hasten's rendering), compiled, its own peer runs
-    N=cifar10-fast-gpu-vs-hive-$TAG$CALL
-    timeout ${C_CAP:-300} python3 benchmarks/cifar10_cpu_vs_peer.py --device cuda --peer hive --data .data/cifar10-jpeg.zip \
-      --seeds ${SEEDS:-3} --peer-seeds ${SEEDS:-3} --recipe cifar10-fast-gpu --name $N
-    mkdir -p "$W/results"; cp -r benchmarks/results/bench/$N benchmarks/results/$N.* "$W/results/" 2>/dev/null
+    vs_peer cifar10-fast-gpu-vs-hive-$TAG$CALL cifar10-fast-gpu ${C_CAP:-300} hive
     ;;
   gpuco)  # the same with its optimizers' steps compiled (trainer.compile_optimizer: learning rates as tensors)
     vs_peer cifar10-fast-gpu-compiled-optimizer-vs-muon-$TAG$CALL cifar10-fast-gpu+trainer.compile_optimizer=true ${C_CAP:-200}

@@ -21,6 +21,7 @@ the index-free one.
 from __future__ import annotations
 
 import argparse
+import copy
 import statistics
 import time
 
@@ -121,8 +122,7 @@ def main():
 
     torch.manual_seed(0)
     nets = {"pytorch": SpeedrunNet(widths=(64, 256, 256), logit_scale=1 / 256).to(memory_format=torch.channels_last)}
-    nets["index-free"] = SpeedrunNet(widths=(64, 256, 256), logit_scale=1 / 256).to(memory_format=torch.channels_last)
-    nets["index-free"].load_state_dict(nets["pytorch"].state_dict())
+    nets["index-free"] = copy.deepcopy(nets["pytorch"])
     for group in nets["index-free"].groups:
         group[1] = IndexFree()
     for net in nets.values():
