@@ -279,3 +279,10 @@ def test_an_image_folder_refuses_the_device_loaders_keys_instead_of_ignoring_the
     code = main(["train", "resnet50-imagenet-baseline", f"data.path={tmp_path}", "data.brightness=0.1", "data.cutout=8",
                  f"trainer.run_dir={tmp_path / 'run'}", "--no-progress"])
     _one_line_error(capsys, code, 2, "data.cutout, data.brightness: only hasten's device loader", "remove data.cutout, data.brightness")
+
+
+def test_eval_of_a_missing_artifact_is_one_line_before_anything_is_announced(tmp_path, capsys):
+    assert main(["eval", str(tmp_path / "absent.pt")]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("hasten: error: no artifact at") and "hasten compress" in err
+    assert "evaluating" not in err and len(err.strip().splitlines()) == 1

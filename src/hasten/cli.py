@@ -29,6 +29,7 @@ from .bench.report import latest_per_run, resolve_target, write_report
 from .bench.runner import BenchInterrupted, Spec, check_earlier_runs, outcome, run_comparison, unique_labels
 from .bench.target import Target
 from .build import build_algorithms, build_run
+from .compress.artifact import require_artifact
 from .compress.pipeline import compress_run, evaluate_artifact
 from .config import available_recipes, check_time, load_recipe, suggest, to_dict
 from .core import Time, TimeUnit
@@ -315,6 +316,7 @@ def _cmd_compress(args) -> int:
 
 def _cmd_eval(args) -> int:
     t0 = time.perf_counter()
+    require_artifact(args.artifact)   # a missing file is said before an evaluation is announced
     print(f"evaluating {args.artifact} on its recipe's evaluation data", file=sys.stderr, flush=True)
     metrics = evaluate_artifact(args.artifact, args.overrides, trust_code=args.trust_code)
     print("  ".join(f"{k}={v:.4f}" for k, v in metrics.items()))

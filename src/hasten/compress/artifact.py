@@ -82,13 +82,19 @@ def save_artifact(path: "str | os.PathLike", state_dict: dict, meta: dict, calib
     return path.stat().st_size
 
 
+def require_artifact(path: "str | os.PathLike") -> Path:
+    """The path as a Path; a one-line CheckpointError, naming the fix, when no file is there."""
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"no artifact at {path}: give the file `hasten compress` wrote (the 'artifact:' line it printed)")
+    return path
+
+
 def read_artifact(path: "str | os.PathLike") -> tuple[dict, dict, dict | None]:
     """(state dict, meta, int8-static state) of an artifact; the last is None unless int8-static:
     {"tensors", "numbers"}, or {"calibration": batches} for an artifact of the older form. A
     one-line CheckpointError for a missing, corrupt or foreign file."""
-    path = Path(path)
-    if not path.is_file():
-        raise CheckpointError(f"no artifact at {path}")
+    path = require_artifact(path)
     try:
         payload = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:
