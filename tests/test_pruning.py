@@ -438,7 +438,8 @@ def test_selective_backprop_average_stats_refuses_what_it_cannot_do():
         SelectiveBackprop(0.5, running_stats="scoring", average_stats=5)
 
 
-def _sb_run(score_every, epochs=4, lr=0.0, load=None, stop_at=None, grads=None, forwards=None, start="0dur"):
+def _sb_run(score_every, epochs=4, lr=0.0, load=None, stop_at=None, grads=None, forwards=None, start="0dur",
+            record_full_steps=True):
     x, y = classification_data(n=64, d_in=8)
     torch.manual_seed(0)
     model = mlp()
@@ -455,7 +456,8 @@ def _sb_run(score_every, epochs=4, lr=0.0, load=None, stop_at=None, grads=None, 
                 state.stop_training = True
     loader = make_dataloader(TensorPairs(x, y), 16, shuffle=True, seed=0, num_workers=0)
     return Trainer(model, loader, max_duration=f"{epochs}ep", device="cpu", load_path=load,
-                   algorithms=[SelectiveBackprop(0.25, score_every=score_every, start=start), Watch()],
+                   algorithms=[SelectiveBackprop(0.25, score_every=score_every, start=start,
+                                                 record_full_steps=record_full_steps), Watch()],
                    optimizers=lambda m: torch.optim.SGD(m.parameters(), lr=lr, momentum=0.9 if lr else 0.0))
 
 
@@ -484,6 +486,21 @@ def test_selective_backprop_score_every_ranks_by_the_losses_of_full_steps_too():
         torch.testing.assert_close(a, b)
     assert fresh_fw[0] == 6 + 2 * 10              # 6 full steps, then a scoring and a training pass each
     assert recorded_fw[0] == 6 + 2 * 2 + 4 + 2 * 4   # epoch 1's last 2 and epoch 3 scored; epoch 2 ranked
+
+
+def test_selective_backprop_without_full_steps_records_scores_the_epoch_they_last_saw_afresh():
+    # the same run with record_full_steps=False: the 32 samples that epoch 1's full steps saw have no
+    # record, so every batch of epoch 2 holds one and is scored afresh: the passes and the gradients of
+    # scoring every step, while epoch 3 still scores afresh by the count
+    fresh_grads, recorded_grads, fresh_fw, recorded_fw = [], [], [0], [0]
+    _sb_run(1, grads=fresh_grads, forwards=fresh_fw, start="0.375dur").fit()
+    _sb_run(2, grads=recorded_grads, forwards=recorded_fw, start="0.375dur", record_full_steps=False).fit()
+    assert len(fresh_grads) == len(recorded_grads) == 16
+    for a, b in zip(fresh_grads, recorded_grads):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    assert recorded_fw[0] == fresh_fw[0] == 6 + 2 * 10
+    with pytest.raises(ValueError, match="true or false"):
+        SelectiveBackprop(0.5, score_every=2, record_full_steps="no")
 
 
 def test_selective_backprop_score_every_resumes_exactly(tmp_path):

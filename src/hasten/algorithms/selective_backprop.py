@@ -28,7 +28,8 @@ extra pass.
 `score_every=n` (1: every step scores its batch) scores afresh only in every n-th epoch counted from
 the first with selection; in the others each batch is ranked by the latest loss recorded for each
 of its samples, from the last pass that computed it: a scoring pass, a training pass it was chosen
-for, or a full step (before selection starts, or an `interrupt` step). A batch that holds a sample
+for, or a full step (before selection starts, or an `interrupt` step; `record_full_steps=False`
+leaves those out, so only losses from selection's own passes rank). A batch that holds a sample
 without one is scored afresh. Those steps skip the scoring
 pass. The loader must carry sample indices (hasten's `DeviceLoader` or `make_dataloader`). Under
 torch.distributed every rank records every rank's losses (one all-gather of losses and sample
@@ -111,7 +112,7 @@ def per_sample_losses(model, state, batch, score_scale: float = 1.0) -> torch.Te
 class SelectiveBackprop(Algorithm):
     def __init__(self, keep: float = 0.5, start: str = "0dur", end: str = "1dur", interrupt: int = 0,
                  running_stats: str = "both", score_scale: float = 1.0, average_stats: int = 0,
-                 score_every: int = 1, beta: float | None = None):
+                 score_every: int = 1, record_full_steps: bool = True, beta: float | None = None):
         if not 0.0 < keep <= 1.0:
             raise ValueError(f"keep must lie in (0, 1], got {keep}")
         if not 0.0 < score_scale <= 1.0:
@@ -132,6 +133,10 @@ class SelectiveBackprop(Algorithm):
             raise ValueError(f"score_every (score afresh every n-th epoch; 1: every step) must be a whole number >= 1, "
                              f"got {score_every!r}")
         self.score_every = score_every
+        if not isinstance(record_full_steps, bool):
+            raise ValueError(f"record_full_steps (do full steps record their samples' losses for score_every?) must be "
+                             f"true or false, got {record_full_steps!r}")
+        self.record_full_steps = record_full_steps
         if beta is not None:
             if isinstance(beta, bool) or not isinstance(beta, (int, float)) or not beta >= 0:
                 raise ValueError(f"beta (null: the hardest samples; a number >= 0: drawn with weight percentile^beta) "
@@ -258,8 +263,8 @@ class SelectiveBackprop(Algorithm):
         def selective_step(state):
             window = self.averaging_index(state)
             model = state.forward_model
-            if not self.active(state):   # a full step: its losses are its samples' latest too
-                self._recording = self._scores is not None
+            if not self.active(state):   # a full step: its losses are its samples' latest too, if they count
+                self._recording = self._scores is not None and self.record_full_steps
                 try:
                     if window is None:
                         return step(state)
