@@ -79,6 +79,8 @@ def main(argv=None) -> int:
     ap.add_argument("--data", required=True, help="CIFAR-10 (official archive or folder, or an image-folder zip)")
     ap.add_argument("--seeds", type=int, default=5, help="hasten runs")
     ap.add_argument("--peer-seeds", type=int, default=3, help="peer runs")
+    ap.add_argument("--seed0", type=int, default=0,
+                    help="first seed of both sides (fresh seeds test a configuration chosen on seeds 0-2)")
     ap.add_argument("--recipe", default="cifar10-fast")
     ap.add_argument("--peer-malloc", choices=("default", "hasten"), default="default")
     ap.add_argument("--peer-precision", choices=("auto", "bf16", "fp32"), default="auto",
@@ -106,22 +108,24 @@ def main(argv=None) -> int:
         args.seeds = args.peer_seeds = 0
     if args.device == "cuda" and args.peer_seeds:   # one process, one warm-up (compilation) for all the peer's missing seeds
         done = {r["seed"] for r in _read_jsonl(peer_log)}
-        missing = [i for i in range(args.peer_seeds) if i not in done]
+        missing = [args.seed0 + i for i in range(args.peer_seeds) if args.seed0 + i not in done]
         if missing:
             print(f"peer seeds {missing[0]}-{missing[-1]} (cuda, compiled)", flush=True)
             subprocess.run([sys.executable, str(peer_script), "--data", args.data, "--seed0", str(missing[0]),
                             "--seeds", str(len(missing)), "--out", str(peer_log), "--device", "cuda", "--compile",
                             "--precision", args.peer_precision], env=env, check=True)
     for i in range(max(args.seeds, args.peer_seeds)):
+        seed = args.seed0 + i
         done = {(r["seed"], bool(r.get("malloc_env"))) for r in _read_jsonl(peer_log)}
-        if args.device == "cpu" and i < args.peer_seeds and (i, args.peer_malloc == "hasten") not in done:
-            print(f"peer seed {i} (malloc {args.peer_malloc})", flush=True)
+        if args.device == "cpu" and i < args.peer_seeds and (seed, args.peer_malloc == "hasten") not in done:
+            print(f"peer seed {seed} (malloc {args.peer_malloc})", flush=True)
             subprocess.run([sys.executable, str(peer_script), "--data", args.data,
-                            "--seed0", str(i), "--seeds", "1", "--out", str(peer_log),
+                            "--seed0", str(seed), "--seeds", "1", "--out", str(peer_log),
                             "--precision", args.peer_precision], env=env, check=True)
         if i < args.seeds:
-            print(f"hasten seed {i}", flush=True)
-            subprocess.run([sys.executable, "-m", "hasten.cli", "bench", args.recipe, f"data.path={args.data}", "--seeds", str(i + 1),
+            print(f"hasten seed {seed}", flush=True)
+            subprocess.run([sys.executable, "-m", "hasten.cli", "bench", args.recipe, f"data.path={args.data}",
+                            "--seed0", str(args.seed0), "--seeds", str(i + 1),
                             "--target", args.target, "--out", os.path.relpath(RESULTS / "bench"), "--name", args.name],
                            check=True, stdout=subprocess.DEVNULL)
 
