@@ -35,6 +35,7 @@ from ..assemble import Durations, StepOptions, assemble
 from ..build import build_algorithms, build_optimizer, step_options
 from ..callbacks import ProgressBar
 from ..checkpoint import CheckpointIO, find_latest
+from ..checkpoint.sharded import load_whole
 from ..checkpoint.format import MODEL_MISMATCH_FIX, model_mismatch
 from ..config import Recipe, apply_override, parse_override, to_dict, validate
 from ..core import Event, Time
@@ -163,7 +164,7 @@ def calibration_batches(session: Session, count: int = 2, max_items: int = 128) 
 
 
 def load_trained(session: Session, ckpt: Path) -> dict:
-    payload = CheckpointIO().load(ckpt)
+    payload = load_whole(ckpt) if Path(ckpt).is_dir() else CheckpointIO().load(ckpt)   # a .dcp: its shards made whole
     problem = model_mismatch(session.model, payload["model"])
     if problem:
         raise CheckpointError(f"{ckpt} does not hold this recipe's model ({session.recipe.name}): {problem}; "
