@@ -213,7 +213,7 @@ def build_run(recipe: Recipe, progress_bar: bool | None = None, console_logger: 
         raise error
     trainer = None
     try:
-        built = TASKS[recipe.task].build(recipe, runtime)
+        built = TASKS[recipe.task].make(recipe, runtime)
         # a resume that changes the optimizer's settings (allowed with --force) applies them
         hyperparameters = "run" if any(k.startswith("optimizer.") for k in changes or {}) else "checkpoint"
         trainer = _trainer(recipe, built, algorithms, run_dir, runtime, progress_bar, console_logger, hyperparameters)

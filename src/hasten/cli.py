@@ -38,6 +38,7 @@ from .distributed.world import leave_worker
 from .errors import ConfigError, HastenError
 from .files import ensure_writable_dir
 from .runs import resume_recipe
+from .usercode import TRUST_ENV, trust_code_here_and_in_workers
 from .tasks import TASKS
 from .tune import render as render_tune
 from .tune import tune
@@ -403,6 +404,12 @@ def _bench_ladder(args, steps, specs_text, target, seeds, command, console):
     return runs, out_dir
 
 
+def _trust_flag(parser) -> None:
+    parser.add_argument("--trust-code", action="store_true", help="import the code (model or data) named by a "
+                        "recipe file, base recipe, run folder or artifact that belongs to another user (a recipe that "
+                        "names code runs it: docs/your-model.md); passed on to the processes bench and tune start")
+
+
 def make_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="hasten", description="Fast PyTorch training with measured speedups.")
     p.add_argument("--version", action="version", version=f"hasten {__version__}")
@@ -420,8 +427,7 @@ def make_parser() -> argparse.ArgumentParser:
     t.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR with its stored recipe "
                    "(overrides that change the run's mathematics are refused without --force)")
     t.add_argument("--force", action="store_true", help="with --resume: allow overrides that change the run")
-    t.add_argument("--trust-code", action="store_true", help="import the code (model or data) a recipe written "
-                   "by another user names (see docs/your-model.md: a recipe that names code runs it)")
+    _trust_flag(t)
     t.add_argument("--nproc", type=int, metavar="N", help="train data-parallel in N processes on this machine "
                    "(runs the command under torchrun --standalone)")
     t.set_defaults(func=_cmd_train)
@@ -448,6 +454,7 @@ def make_parser() -> argparse.ArgumentParser:
     b.add_argument("--order", help="ladder step order, comma-separated step names")
     b.add_argument("--keep-checkpoints", metavar="DIR", help="keep each run's final checkpoint, in DIR/LABEL-seedN "
                    "(a run folder that trainer.load_path reads, e.g. to fine-tune both sides); default: none written")
+    _trust_flag(b)
     b.set_defaults(func=_cmd_bench)
     c = sub.add_parser("compress", help="prune and quantize a trained run; write an artifact and a report",
                        description="Rebuild a run's model from its recipe, load its last checkpoint (or the one "
@@ -476,15 +483,13 @@ def make_parser() -> argparse.ArgumentParser:
     c.add_argument("--no-latency", action="store_true", help="skip the CPU inference measurement")
     c.add_argument("--repeats", type=int, default=7, help="timed runs per model, path and batch (default 7)")
     c.add_argument("--no-progress", action="store_true", help="no progress bar for the fine-tune")
-    c.add_argument("--trust-code", action="store_true", help="import the code (model or data) a recipe written "
-                   "by another user names (see docs/your-model.md: a recipe that names code runs it)")
+    _trust_flag(c)
     c.set_defaults(func=_cmd_compress)
     e = sub.add_parser("eval", help="evaluate a compressed artifact on its recipe's evaluation data",
                        description="Rebuild the model an artifact describes and evaluate it as the run did.")
     e.add_argument("artifact", metavar="ARTIFACT")
     e.add_argument("overrides", nargs="*", default=[], metavar="KEY=VALUE", help="recipe overrides (e.g. data.path=...)")
-    e.add_argument("--trust-code", action="store_true", help="import the code (model or data) a recipe written "
-                   "by another user names (see docs/your-model.md: a recipe that names code runs it)")
+    _trust_flag(e)
     e.set_defaults(func=_cmd_eval)
     u = sub.add_parser("tune", help="measure the systems settings on this machine; write the fastest recipe",
                        description="Search precision, channels-last, compilation, the data path, threads, the host "
@@ -501,6 +506,7 @@ def make_parser() -> argparse.ArgumentParser:
                    "an option must show to be handed over, e.g. 5%% or 0.05 (default 5%%)")
     u.add_argument("--lr", action="store_true", help="a learning-rate range test instead of the systems search")
     u.add_argument("--lr-steps", type=int, default=200, help="--lr: steps of the sweep (default 200)")
+    _trust_flag(u)
     u.set_defaults(func=_cmd_tune)
     r = sub.add_parser("recipes", help="list the packaged recipes")
     r.set_defaults(func=_cmd_recipes)
@@ -588,13 +594,17 @@ def main(argv: list[str] | None = None) -> int:
             args.recipe = None
         args.recipe = args.recipe or DEFAULT_RECIPE
     debug = args.debug or os.environ.get("HASTEN_DEBUG", "") not in ("", "0")
-    stdout = sys.stdout
+    stdout, trust_before = sys.stdout, os.environ.get(TRUST_ENV)
+    if getattr(args, "trust_code", False):
+        trust_code_here_and_in_workers()
     if stdout is not None and not isinstance(stdout, _GoneReader):
         sys.stdout = _GoneReader(stdout)
     try:
         code = _run(args, debug)
     finally:
         sys.stdout = stdout
+        if trust_before is None:   # main() called in a process that goes on: the flag was for this command
+            os.environ.pop(TRUST_ENV, None)
     leave_worker(code)   # a torchrun worker exits here, its work done (see leave_worker)
     return code
 

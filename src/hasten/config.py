@@ -22,6 +22,7 @@ from .distributed.fsdp import FSDPOptions
 from .errors import ConfigError, brief
 from .registry import ALGORITHMS, TASKS
 from .runtime import names_float8
+from .usercode import CODE_KEYS, origins_of
 # the schema helpers live in a leaf module (tasks import them without importing this one);
 # check_time, coerce and from_dict are re-exported here for existing users
 from .schema import (NUMBER, DataSection, ModelSection, UnknownKey, check_time, coerce, device_string,  # noqa: F401
@@ -259,6 +260,10 @@ class Recipe:
     algorithms: dict[str, dict[str, Any]] = field(default_factory=dict)
     """Registry name -> the algorithm's keyword arguments, checked against its signature."""
     name: str = "recipe"
+    origins: dict[str, Optional[str]] = field(default_factory=dict, repr=False, compare=False,
+                                              metadata={"stored": False})
+    """Not a recipe key: which file named the code of 'model.name' and 'data.factory' (None: the
+    command line or a packaged recipe), for the trust rule (hasten.usercode)."""
 
 
 # ------------------------------------------------------------------------------ overrides
@@ -335,13 +340,16 @@ def available_recipes() -> dict[str, str]:
     return out
 
 
-def _read_raw(name_or_path: str, seen: tuple = ()) -> tuple[dict, str]:
+def _read_raw(name_or_path: str, seen: tuple = ()) -> tuple[dict, str, dict]:
+    """(raw recipe, its name, which file named each code key: hasten.usercode.origins_of)."""
     p = Path(name_or_path)
+    origin = None   # a packaged recipe is hasten's own
     if p.suffix in (".yaml", ".yml") and p.is_file():
         try:
             text, name = p.read_text(), p.stem
         except (OSError, UnicodeDecodeError) as e:
             raise ConfigError(f"cannot read recipe {name_or_path}: {e}") from e
+        origin = str(p.absolute())
     else:
         entry = recipe_dir().joinpath(f"{name_or_path}.yaml")
         if not entry.is_file():
@@ -357,6 +365,7 @@ def _read_raw(name_or_path: str, seen: tuple = ()) -> tuple[dict, str]:
     if not isinstance(raw, dict):
         raise ConfigError(f"recipe {name_or_path}: the top level must be a mapping")
     raw = _migrate(raw, name_or_path)
+    origins = origins_of(raw, origin)
     base = raw.pop("base", None)
     if base is not None:
         if not isinstance(base, str) or not base:
@@ -366,11 +375,12 @@ def _read_raw(name_or_path: str, seen: tuple = ()) -> tuple[dict, str]:
             base = str(p.parent / base)
         if base in seen:
             raise ConfigError(f"recipe {name_or_path}: 'base' chain loops through {base}")
-        base_raw, _ = _read_raw(base, seen + (name_or_path,))
+        base_raw, _, base_origins = _read_raw(base, seen + (name_or_path,))
         base_raw.pop("description", None)
         _drop_removed(base_raw, raw)
         raw = _deep_merge(base_raw, raw)
-    return raw, name
+        origins = {**base_origins, **origins}
+    return raw, name, origins
 
 
 MAX_RECIPE_VALUES = 100_000   # a recipe holds a few hundred values; YAML aliases can make billions
@@ -416,14 +426,27 @@ def _migrate(raw: dict, where: str) -> dict:
 
 def load_recipe(name_or_path: str, overrides: list[str] = ()) -> Recipe:
     """Read a packaged recipe (by name) or a YAML file, apply overrides, validate everything."""
-    raw, name = _read_raw(name_or_path)
+    raw, name, origins = _read_raw(name_or_path)
     for text in overrides:
         keys, value = parse_override(text)
         if len(keys) == 2 and keys[0] == "optimizer" and keys[1] in FLAT_OPTIMIZER_KEYS:   # 0.1's flat key
             keys = _warn_flat_key(f"override {text}", keys[1])
         apply_override(raw, keys, value)
+    for key in code_keys_set_by(overrides):   # named on the command line: the user's own
+        origins.pop(key, None)
     raw.setdefault("name", name)
-    return validate(raw)
+    recipe = validate(raw)
+    recipe.origins = {k: v for k, v in origins.items() if v is not None}
+    return recipe
+
+
+def code_keys_set_by(overrides) -> set[str]:
+    """The code keys ('model.name', 'data.factory') that these overrides set."""
+    found = set()
+    for text in overrides:
+        keys, _ = parse_override(text)
+        found |= {f"{section}.{key}" for section, key in CODE_KEYS if keys in ([section], [section, key])}
+    return found
 
 
 RECIPE_KEYS = ("task", "description", "model", "data", "optimizer", "schedule", "trainer", "algorithms", "name")
@@ -551,7 +574,7 @@ def to_dict(recipe: Recipe) -> dict:
         if hasattr(v, "as_recipe"):   # a config whose YAML form is not its fields (tasks.NamedModel)
             return plain(v.as_recipe())
         if dataclasses.is_dataclass(v):
-            return {f.name: plain(getattr(v, f.name)) for f in dataclasses.fields(v)}
+            return {f.name: plain(getattr(v, f.name)) for f in dataclasses.fields(v) if f.metadata.get("stored", True)}
         if isinstance(v, dict):
             return {k: plain(x) for k, x in v.items()}
         if isinstance(v, (list, tuple)):

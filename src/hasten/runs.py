@@ -21,7 +21,7 @@ from pathlib import Path
 
 import yaml
 
-from .config import RECIPE_SCHEMA_VERSION, Recipe, load_recipe, parse_override, to_dict
+from .config import RECIPE_SCHEMA_VERSION, Recipe, code_keys_set_by, load_recipe, parse_override, to_dict
 from .errors import ConfigError, RunFolderError
 from .files import atomic_write, os_error_message
 from .usercode import check_trust
@@ -85,7 +85,10 @@ def stored_recipe(folder: "str | Path", overrides: list[str] = ()) -> Recipe:
         raise RunFolderError(f"{folder} is not a hasten run folder (it has no {RECIPE_FILE}); "
                              "give the folder that `hasten train` printed as 'run folder'")
     recorded = [o for r in read_resumes(folder) for o in r.get("overrides", [])]
-    return load_recipe(str(folder / RECIPE_FILE), recorded + list(overrides))
+    recipe = load_recipe(str(folder / RECIPE_FILE), recorded + list(overrides))
+    for key in code_keys_set_by(recorded) - code_keys_set_by(overrides):   # named by the folder's record, not the user
+        recipe.origins[key] = str(folder / RESUMES_FILE)
+    return recipe
 
 
 def check_resume(folder: "str | Path", recipe: Recipe, force: bool = False,
@@ -116,7 +119,9 @@ def resume_recipe(folder: "str | Path", overrides: list[str] = (), force: bool =
     recipe = stored_recipe(folder, overrides)   # the stored file names the run, so the name carries over
     recipe.trainer.run_dir, recipe.trainer.autoresume = str(folder), True
     check_resume(folder, recipe, force, stored)
-    check_trust(folder / RECIPE_FILE, to_dict(recipe), trust_code, f"resuming {folder}")
+    check_trust(recipe.origins, to_dict(recipe), trust_code, f"resuming {folder}")
+    if trust_code:
+        recipe.origins = {}   # the user's word covers this recipe wherever it is built
     return recipe
 
 

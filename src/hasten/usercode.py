@@ -7,14 +7,23 @@ A name with a colon is `module:attribute` (the attribute may be dotted: `mod:Out
 The module is imported as Python imports it; the current directory is searched too (as
 `python -m` does), so a package beside the recipe needs no installing.
 
-Trust: a recipe that names code runs that code, exactly as `python my_script.py` would. A
-recipe you wrote is trusted by definition. A run folder or artifact that someone else wrote
-is not: `hasten train --resume`, `hasten compress` and `hasten eval` say which code they are
-about to import before importing it, and refuse without `--trust-code` when the folder or
-file belongs to another user (see `check_trust`).
+Trust, one rule: a recipe that names code runs that code, exactly as `python my_script.py`
+would, so the code a recipe names is imported only when the file that named it (a recipe
+file, any file of its `base:` chain, a run folder's `recipe.yaml`, an artifact) belongs to
+the user running hasten, or the user passed `--trust-code`. The rule is checked in `load`,
+the one function that imports code a recipe names, whatever the command (train, autoresume,
+resume, bench, tune, compress, eval): the recipe loader records which file named each import
+path (`Recipe.origins`) and building a task (`named_by`) hands that to `load`. Code named on
+the command line, or importable from the environment the user set up (installed packages,
+their PYTHONPATH, the working directory) and named by their own files, stays theirs to name.
+`--trust-code` reaches the worker processes bench and tune start through the environment
+(`HASTEN_TRUST_CODE=1`). Resume, compress and eval also say which code they are about to
+import before importing it (`check_trust`).
 """
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import importlib
 import inspect
 import os
@@ -44,9 +53,84 @@ def check_target(path: str, key: str) -> str:
     return path
 
 
+# ---------------------------------------------------------------------------- trust
+TRUST_ENV = "HASTEN_TRUST_CODE"   # "1": --trust-code was given (worker processes inherit it)
+CODE_KEYS = (("model", "name"), ("data", "factory"))   # the recipe keys that may name code
+_trusting = contextvars.ContextVar("hasten_trusting", default=False)
+_origins = contextvars.ContextVar("hasten_code_origins", default=None)
+
+
+def trusted() -> bool:
+    """Whether the user said to import code named by other users' files (--trust-code)."""
+    return _trusting.get() or os.environ.get(TRUST_ENV) == "1"
+
+
+def trust_code_here_and_in_workers() -> None:
+    """--trust-code: for this process and every process it starts (bench and tune workers)."""
+    os.environ[TRUST_ENV] = "1"
+
+
+@contextlib.contextmanager
+def trusting(on: bool = True):
+    """Within the block, code named by other users' files is imported (the Python form of --trust-code)."""
+    token = _trusting.set(bool(on) or _trusting.get())
+    try:
+        yield
+    finally:
+        _trusting.reset(token)
+
+
+@contextlib.contextmanager
+def named_by(origins: "dict[str, str | None] | None"):
+    """Within the block, `load` knows which file named the code of each key ('model.name',
+    'data.factory'): what building a recipe's task does (hasten.tasks.base.TaskSpec.make)."""
+    token = _origins.set(dict(origins or {}))
+    try:
+        yield
+    finally:
+        _origins.reset(token)
+
+
+def foreign_owner(path: "str | Path") -> "int | None":
+    """The owner's uid of `path` when another user owns it; None when it is this user's (or
+    cannot be told: no such file, no uids on this system)."""
+    if not hasattr(os, "getuid"):
+        return None
+    try:
+        owner = Path(path).stat().st_uid
+    except OSError:
+        return None
+    return owner if owner != os.getuid() else None
+
+
+def refusal(origin: "str | Path", targets: list[str], what: str) -> "ConfigError | None":
+    """The one trust rule: the error that stops importing `targets` named by the file `origin`,
+    or None when it may be imported (the file is this user's, or --trust-code)."""
+    owner = foreign_owner(origin)
+    if owner is None or trusted():
+        return None
+    return ConfigError(f"{origin} belongs to another user (uid {owner}) and its recipe imports {', '.join(targets)}; "
+                       f"{what} would run that code: pass --trust-code if you trust it")
+
+
+def origins_of(raw: dict, origin: "str | None") -> dict:
+    """{'model.name': origin, ...} for each key of CODE_KEYS that the raw recipe `raw` sets."""
+    out = {}
+    for section, key in CODE_KEYS:
+        if isinstance(raw.get(section), dict) and key in raw[section]:
+            out[f"{section}.{key}"] = origin
+    return out
+
+
 def load(path: str, key: str) -> Any:
-    """The object `module:attribute` names; a one-line ConfigError when it cannot be imported."""
+    """The object `module:attribute` names; a one-line ConfigError when it cannot be imported,
+    or when the file that named it belongs to another user (the trust rule, above)."""
     module_name, attr = _check_syntax(path, key)
+    origin = (_origins.get() or {}).get(key)
+    if origin is not None:
+        refused = refusal(origin, [path], f"{key}: importing {module_name!r}")
+        if refused is not None:
+            raise refused
     cwd = os.getcwd()
     if cwd not in sys.path and "" not in sys.path:
         sys.path.append(cwd)   # after everything installed: the current folder never shadows a package
@@ -113,33 +197,36 @@ def build_module(path: str, kwargs: dict, offered: dict | None = None, key: str 
     return model
 
 
-def targets_in(recipe: dict) -> list[str]:
-    """The import paths a recipe (as a dict, e.g. a run folder's recipe.yaml) names."""
-    found = []
+def named_code(recipe: dict) -> dict[str, str]:
+    """{'model.name': 'my_pkg.models:Net', 'data.factory': ...}: the import paths a recipe (as a
+    dict, e.g. a run folder's recipe.yaml) names, by key."""
+    found = {}
     model, data = recipe.get("model") or {}, recipe.get("data") or {}
     if isinstance(model, dict) and is_target(model.get("name")):
-        found.append(model["name"])
+        found["model.name"] = model["name"]
     if isinstance(data, dict) and isinstance(data.get("factory"), str):
-        found.append(data["factory"])
+        found["data.factory"] = data["factory"]
     return found
 
 
-def check_trust(path: "str | Path", recipe: dict, trust: bool, what: str, say=None) -> None:
-    """Before importing the code a stored recipe names (a run folder being resumed or
-    compressed, an artifact being evaluated): say which code will run; refuse when `path`
-    belongs to another user, unless `trust` (--trust-code). Files of this user are this
-    user's own doing; another user's files could name any code."""
-    targets = targets_in(recipe)
-    if not targets:
+def targets_in(recipe: dict) -> list[str]:
+    """The import paths a recipe (as a dict) names."""
+    return list(named_code(recipe).values())
+
+
+def check_trust(named_by_file: "str | Path | dict", recipe: dict, trust: bool, what: str, say=None) -> None:
+    """Before anything is built from a stored recipe (a run folder being resumed or
+    compressed, an artifact being evaluated): say which code will run, and refuse at once by
+    the trust rule (`refusal`; `trust`: --trust-code) instead of at the import.
+    `named_by_file`: the file that named the recipe's code, or {key: file} (Recipe.origins)."""
+    named = named_code(recipe)
+    if not named:
         return
-    say = say or (lambda msg: print(msg, file=sys.stderr))
-    p = Path(path)
-    try:
-        owner = p.stat().st_uid
-    except OSError:
-        owner = None
-    mine = owner is None or not hasattr(os, "getuid") or owner == os.getuid()
-    if not mine and not trust:
-        raise ConfigError(f"{p} belongs to another user (uid {owner}) and its recipe imports {', '.join(targets)}; "
-                          f"{what} would run that code: pass --trust-code if you trust it")
-    say(f"note: {what} imports {', '.join(targets)} as its recipe names (a recipe that names code runs it)")
+    origins = named_by_file if isinstance(named_by_file, dict) else {k: named_by_file for k in named}
+    with trusting(trust):
+        for key, target in named.items():
+            refused = refusal(origins[key], [target], what) if origins.get(key) is not None else None
+            if refused is not None:
+                raise refused
+    (say or (lambda msg: print(msg, file=sys.stderr)))(
+        f"note: {what} imports {', '.join(named.values())} as its recipe names (a recipe that names code runs it)")

@@ -45,11 +45,11 @@ from ..files import atomic_write
 from ..hardware import cpu_has_bf16
 from ..optim import LRSchedule
 from ..provenance import code_version, describe
-from ..runs import RECIPE_FILE, is_run_folder, stored_recipe
+from ..runs import is_run_folder, stored_recipe
 from ..runtime import make_runtime, resolve_precision
 from ..tasks import TASKS
 from ..trainer import Trainer
-from ..usercode import check_trust
+from ..usercode import check_trust, origins_of
 from . import outputs, pruning, quantize, structured
 from .artifact import read_artifact, save_artifact
 from .measure import Autocast, best, inference_cost
@@ -85,7 +85,9 @@ def with_model_changes(recipe: Recipe, changes: dict) -> Recipe:
         return recipe
     raw = to_dict(recipe)
     raw["model"] = {**raw["model"], **changes}
-    return validate({**raw, "name": recipe.name})
+    changed = validate({**raw, "name": recipe.name})
+    changed.origins = dict(recipe.origins)
+    return changed
 
 
 def open_session(recipe: Recipe, device: str = "cpu") -> Session:
@@ -99,7 +101,7 @@ def open_session(recipe: Recipe, device: str = "cpu") -> Session:
     if spec.compress_refusal:
         raise ConfigError(f"hasten compress cannot take a {spec.name} run: {spec.compress_refusal}")
     runtime = _runtime(recipe, device)
-    built = spec.build(recipe, runtime)
+    built = spec.make(recipe, runtime)
     algorithms = build_algorithms(recipe)
     trainer = Trainer(model=built.model, train_dataloader=built.train_dataloader, eval_dataloader=built.eval_dataloader,
                       metrics=built.metrics, loss_fn=built.loss_fn, algorithms=algorithms, runtime=runtime,
@@ -278,7 +280,9 @@ def compress_run(source, prune: float = 0.0, scope: str = "global", structured_r
             raise ConfigError(f"--finetune {finetune_for!r}: {e}") from None
     run_dir, ckpt = locate(source)
     recipe = stored_recipe(run_dir, list(overrides))
-    check_trust(run_dir / RECIPE_FILE, to_dict(recipe), trust_code, f"compressing {run_dir}", log)
+    check_trust(recipe.origins, to_dict(recipe), trust_code, f"compressing {run_dir}", log)
+    if trust_code:
+        recipe.origins = {}   # the user's word covers this recipe wherever it is built
     tag = _tag(prune, scope, structured_ratio, quant, finetune_for, lr_factor, multiple_of)
     settings = {"checkpoint": str(ckpt.resolve()), "overrides": list(overrides),
                 "compression": {"structured": structured_ratio, "prune": prune, "scope": scope, "quantize": quant,
@@ -528,6 +532,7 @@ def load_artifact(path, overrides: list[str] = (), device: str = "cpu",
         keys, value = parse_override(text)
         apply_override(raw, keys, value)
     recipe = with_model_changes(validate({**raw, "name": meta.get("recipe_name", "artifact")}), meta.get("model_changes") or {})
+    recipe.origins = {} if trust_code else origins_of(raw, str(path))   # the artifact names the code it imports
     session = open_session(recipe, device)
     model = session.model
     pruning.make_permanent(model)   # a recipe with gradual pruning adds masks at INIT: the artifact's weights are final
