@@ -66,6 +66,31 @@ def test_a_corpus_by_url_is_downloaded_once_and_checked(tmp_path, monkeypatch):
         read_documents(f"{_corpus(tmp_path, seed=1).as_uri()}")
 
 
+@pytest.mark.parametrize("fragment", ["sha256=../../../E/x", "sha256=abc", "sha256=" + "g" * 64,
+                                      "sha256=" + "a" * 63 + "/"])
+def test_a_checksum_that_is_not_64_hex_digits_is_refused_and_builds_no_path(tmp_path, fragment):
+    from hasten.data.download import data_root
+    src = _corpus(tmp_path)
+    with pytest.raises(DataError, match="not a SHA-256 .64 hexadecimal digits"):
+        read_documents(f"{src.as_uri()}#{fragment}")
+    assert not (tmp_path / "E").exists() and not (data_root() / "corpora").exists()
+
+
+def test_a_cached_download_is_keyed_by_its_whole_checksum_and_checked_before_each_use(tmp_path):
+    from hasten.data.download import data_root
+    src = _corpus(tmp_path)
+    sha = hashlib.sha256(src.read_bytes()).hexdigest()
+    read_documents(f"{src.as_uri()}#sha256={sha}")
+    cached = data_root() / "corpora" / sha / src.name
+    assert cached.is_file()
+    other = sha[:12] + ("0" if sha[12] != "0" else "1") + sha[13:]   # the same first 12 digits, another hash
+    with pytest.raises(DataError, match="expected"):   # not served the cached file: fetched and checked
+        read_documents(f"{src.as_uri()}#sha256={other}")
+    cached.write_text('{"text": "planted"}\n')
+    with pytest.raises(DataError, match="changed on disk"):
+        read_documents(f"{src.as_uri()}#sha256={sha}")
+
+
 def test_bpe_is_trained_on_training_documents_only_and_cached(tmp_path):
     docs = read_documents(str(_corpus(tmp_path)))
     train, _ = split_documents(docs, 10)

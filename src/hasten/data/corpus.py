@@ -25,6 +25,7 @@ import gzip
 import hashlib
 import json
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -32,7 +33,7 @@ import numpy as np
 
 from ..errors import ConfigError, DataError
 from ..files import atomic_write
-from .download import DatasetNotFoundError, data_root, download
+from .download import DatasetNotFoundError, data_root, download, file_digest
 
 EOD = "<|endoftext|>"
 
@@ -54,19 +55,32 @@ def _shared_prose() -> Path | None:
     return None
 
 
+_SHA256 = re.compile(r"^[0-9a-fA-F]{64}$")
+_SAFE_NAME = re.compile(r"[^A-Za-z0-9._-]")
+
+
 def resolve_source(source: str) -> Path:
-    """The local file or folder a source names (a URL is downloaded once)."""
+    """The local file or folder a source names. A URL with its SHA-256 is downloaded once into
+    the data folder, under a path made of the full checksum (never of the user's text as it
+    is), and the cached copy is checked against that checksum before every use."""
     if source.startswith(("http://", "https://", "file://")):
         url, _, frag = source.partition("#")
         sha = frag[len("sha256="):] if frag.startswith("sha256=") else None
         if not sha:
             raise DataError(f"{source}: give the file's checksum after the URL as #sha256=HEX, so that what is "
                             "downloaded is known to be the corpus you mean")
-        name = url.rstrip("/").rsplit("/", 1)[-1] or "corpus"
-        dest = data_root() / "corpora" / f"{sha[:12]}-{name}"
-        if dest.is_file():   # downloaded once: the name holds the checksum it was verified against
+        if not _SHA256.match(sha):
+            raise DataError(f"{url}: #sha256={sha[:80]!r} is not a SHA-256 (64 hexadecimal digits); give the "
+                            "file's full checksum, as `sha256sum FILE` prints it")
+        sha = sha.lower()
+        name = _SAFE_NAME.sub("_", url.rstrip("/").rsplit("/", 1)[-1])[-80:].lstrip(".") or "corpus"
+        dest = data_root() / "corpora" / sha / name   # keyed by what proves the content: the whole checksum
+        if dest.is_file():   # downloaded before: used only if it still has that checksum
+            if file_digest(dest, "sha256") != sha:
+                raise DataError(f"the cached download {dest} no longer has sha256 {sha[:12]}... (it changed on disk): "
+                                "delete it, and hasten downloads the corpus again")
             return dest
-        return download(url, dest, checksum=sha.lower(), algorithm="sha256", what=f"the corpus {name}")
+        return download(url, dest, checksum=sha, algorithm="sha256", what=f"the corpus {name}")
     if source == "prose":
         found = Path(os.environ.get("HASTEN_PROSE", "")) if os.environ.get("HASTEN_PROSE") else _shared_prose()
         if found is None or not found.is_file():
