@@ -303,3 +303,40 @@ def test_records_and_reports_name_the_code_that_ran(tmp_path):
     md = (tmp_path / "report.md").read_text()
     assert "Code: commit c0ffee1234 (with uncommitted changes), hasten 0.1.0, source sha256 abababababab" in md
     assert describe(None).startswith("code not recorded")
+
+
+def test_the_order_sentence_is_derived_from_the_records_provenance():
+    """A report says 'alternating', 'first ... then', or 'copied from' from the records' start
+    times and the comparison they were made for, never from the harness's intentions."""
+    from hasten.provenance import PROVENANCE_FIELDS, order_sentence, run_provenance
+
+    def rec(started, comparison="pair"):
+        return {"provenance": {"started": started, "comparison": comparison}}
+    assert set(run_provenance("pair", 3)) == set(PROVENANCE_FIELDS)
+    alternating = {"peer": [rec("t1"), rec("t3")], "hasten": [rec("t2"), rec("t4"), rec("t5")]}
+    assert order_sentence(alternating, "pair").startswith("runs alternating")
+    one_then_other = {"peer": [rec("t1"), rec("t2")], "hasten": [rec("t3"), rec("t4")]}
+    assert order_sentence(one_then_other, "pair").startswith("peer's runs first, then hasten's")
+    copied = {"peer": [rec("t1", "earlier-pair"), rec("t3", "earlier-pair")], "hasten": [rec("t2"), rec("t4")]}
+    said = order_sentence(copied, "pair")
+    assert "copied from earlier-pair" in said and "alternating" not in said
+    unknown = {"peer": [{"seed": 0}], "hasten": [rec("t2")]}
+    assert "order is unknown" in order_sentence(unknown, "pair")
+
+
+def test_a_bench_record_carries_its_provenance(tmp_path, monkeypatch):
+    monkeypatch.setattr(runner.subprocess, "Popen", _FakeWorker)
+    spec = runner.Spec("tiny", "tiny.yaml", [])
+    record = runner.run_one(spec, 0, tmp_path / "my-comparison")
+    p = record["provenance"]
+    assert p["comparison"] == "my-comparison" and p["started"] and p["machine"]["cpu"]
+
+
+class _FakeWorker:
+    """A worker process that exits at once having written nothing (the record is 'failed')."""
+
+    def __init__(self, *args, **kwargs):
+        pass
+
+    def wait(self, timeout=None):
+        return 1

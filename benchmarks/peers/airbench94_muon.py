@@ -1,37 +1,49 @@
 """The airbench94_muon CIFAR-10 procedure: the peer `cifar10-fast` is measured against.
 
-airbench94_muon (Keller Jordan, 2024; 94.01% in 2.59 s on an A100, 0.68x airbench94's time
-there) replaces airbench94's SGD and Lookahead with Muon on the convolution kernels. This
-file is hasten's own plain-PyTorch rendering of its published procedure (its description
-and numbers, not its code). It uses nothing from hasten but the dataset reader and, on the
-CPU, the same rule for the Newton-Schulz precision as hasten's Muon (bf16 where the
-computation runs in bf16, fp32 elsewhere), so that neither side is handicapped.
+airbench94_muon (Keller Jordan, 2024; KellerJordan/cifar10-airbench, airbench94_muon.py:
+94.01% in 2.59 s on an A100, 0.68x airbench94's time there) replaces airbench94's SGD and
+Lookahead with Muon on the convolution kernels. This file is hasten's own plain-PyTorch
+rendering of its published procedure (its steps and numbers, not its code), followed step by
+step; it imports nothing from hasten but the dataset reader and the record's provenance.
 
 - data: normalised, flipped once at random, reflect-padded by 2; every epoch a random
   translation of the whole set, all images flipped in odd epochs, a random order; batch 2000,
   8 epochs, the last partial batch dropped;
 - network: a 2x2 whitening conv of 24 filters (the eigenvectors of the patch covariance of
-  5,000 training images over sqrt(eigenvalue + 5e-4), and their negatives; frozen; its bias
-  trained for the first 3 epochs), GELU, three groups of conv3x3 -> max-pool 2 -> BN -> GELU
-  -> conv3x3 -> BN -> GELU at widths 64/256/256 (convs without bias, Dirac-initialised on
-  their first in_channels filters; BN with frozen unit scale, eps 1e-12, momentum 0.4),
-  max-pool 3, a linear head without bias whose weights are scaled to std 1, logits / 256;
+  5,000 training images over sqrt(eigenvalue + 5e-4), and their negatives; frozen) whose bias
+  starts at torch's default conv init and is trained for the first 3 epochs, then taken out of
+  the graph (detached: later backward passes stop before it), GELU, three groups of conv3x3 ->
+  max-pool 2 -> BN -> GELU -> conv3x3 -> BN -> GELU at widths 64/256/256 (convs without bias,
+  Dirac-initialised on their first in_channels filters; BN with frozen unit scale, eps 1e-12,
+  momentum 0.4), max-pool 3, a linear head without bias whose weights are scaled to std 1,
+  logits / 256;
 - loss: the summed cross-entropy with label smoothing 0.2;
 - optimisers: Muon on every conv kernel (lr 0.24, Nesterov momentum 0.6, three quintic
   Newton-Schulz steps with coefficients (3.4445, -4.7750, 2.0315); each kernel rescaled to
-  norm sqrt(out channels) before its update); SGD with Nesterov momentum 0.85 on the
-  whitening bias and the BN biases (lr 0.053) and on the head (lr 0.67); weight decay 2e-6 x
-  batch size / each group's lr; every lr linear to 0 over the run (the whitening bias's over
-  its 3 epochs);
+  norm sqrt(out channels) before its update; no weight decay); SGD with Nesterov momentum 0.85
+  on the whitening bias and the BN biases (lr 0.053) and on the head (lr 0.67), weight decay
+  2e-6 x batch size / each group's lr; every lr linear to 0 over the run (the whitening bias's
+  over its 3 epochs);
 - evaluation: test-time augmentation over 6 views (the image and its mirror, unshifted and
   shifted one pixel up-left and down-right; weights 1/2 for the unshifted pair, 1/4 for each
   shifted pair).
+- timed, as upstream: the whitening fit, every training epoch with its data augmentation, and
+  the final augmented evaluation; per-epoch evaluations are not timed.
 
-Timed: the whitening fit, training with its data loading, and the final augmented
-evaluation. On the CPU: bf16 autocast with fp32 parameters where the CPU has bf16 hardware,
-fp32 elsewhere (`--precision`); a few warm-up steps on random labels first, untimed. On a GPU
-(`--device cuda`): as published, bf16, compiled (`--compile`), a whole warm-up run untimed,
-CUDA events around each timed part.
+Deviations from upstream, each a CPU adaptation:
+- device and precision: upstream keeps fp16 weights (BN in fp32) on a GPU; the CPU has no fast
+  fp16, so here bf16 autocast with fp32 weights where the CPU has bf16 hardware (AVX512-BF16 or
+  AMX), fp32 elsewhere (`--precision`), and the Newton-Schulz iteration in that precision (bf16
+  upstream);
+- compilation: upstream compiles the net (max-autotune) and Newton-Schulz; torch.compile does
+  not pay for this net on a 2-core CPU (measured in docs/tune.md), so the CPU runs eager;
+- timers and warm-up: host timers instead of CUDA events; instead of a whole warm-up run
+  (upstream's compilation run), a few steps on random labels, untimed;
+- the random streams are torch's CPU generator, seeded per run (upstream draws on the GPU).
+
+On a GPU (`--device cuda`) the run is as published: fp16 weights with BN in fp32, no autocast,
+the net compiled with mode max-autotune and Newton-Schulz compiled, cudnn.benchmark, fused
+SGD, a whole warm-up run untimed, CUDA events around each timed part.
 
     python benchmarks/peers/airbench94_muon.py --data cifar10-jpeg.zip --seeds 1
 """
@@ -41,7 +53,6 @@ import argparse
 import json
 import math
 import os
-import platform
 import sys
 import time
 from pathlib import Path
@@ -58,7 +69,13 @@ HYP = dict(epochs=8, batch_size=2000, muon_lr=0.24, muon_momentum=0.6, ns_steps=
            widths=(64, 256, 256), bn_momentum=0.4, logit_divisor=256.0, whiten_images=5000, whiten_eps=5e-4,
            eval_batch=2000)
 NS_COEFFS = (3.4445, -4.7750, 2.0315)
-RUN = {"amp": True, "device": torch.device("cpu"), "compile": False}
+# amp: bf16 autocast over fp32 weights (a CPU with bf16 hardware); half: fp16 weights and inputs, BN in fp32
+# (a GPU, as published); compile: the net under torch.compile(mode=max-autotune) and Newton-Schulz compiled
+RUN = {"amp": True, "half": False, "device": torch.device("cpu"), "compile": False}
+
+
+def input_dtype() -> torch.dtype:
+    return torch.float16 if RUN["half"] else torch.bfloat16 if RUN["amp"] else torch.float32
 
 
 # ----------------------------------------------------------------------------------- network
@@ -85,17 +102,20 @@ class Net(nn.Module):
         super().__init__()
         w1, w2, w3 = widths or HYP["widths"]
         make_group = make_group or group
-        self.whiten = nn.Conv2d(3, 24, 2, bias=True)
-        nn.init.zeros_(self.whiten.bias)
+        self.whiten = nn.Conv2d(3, 24, 2, bias=True)   # its bias keeps torch's default init, as upstream
         self.whiten.weight.requires_grad_(False)
         self.body = nn.Sequential(nn.GELU(), make_group(24, w1), make_group(w1, w2), make_group(w2, w3),
                                   nn.MaxPool2d(3))
         self.head = nn.Linear(w3, 10, bias=False)
+        self.logit_divisor = HYP["logit_divisor"]
         with torch.no_grad():
             self.head.weight.div_(self.head.weight.std())
 
-    def forward(self, x):
-        return self.head(self.body(self.whiten(x)).flatten(1)) / HYP["logit_divisor"]
+    def forward(self, x, train_whiten_bias: bool = True):
+        """`train_whiten_bias` false: the whitening bias enters as a constant (out of the graph)."""
+        b = self.whiten.bias if train_whiten_bias else self.whiten.bias.detach()
+        x = F.conv2d(x, self.whiten.weight, b)
+        return self.head(self.body(x).flatten(1)) / self.logit_divisor
 
 
 @torch.no_grad()
@@ -122,26 +142,34 @@ def newton_schulz(g: torch.Tensor, steps: int, dtype: torch.dtype, coeffs=NS_COE
     return (x.T if tall else x).to(g.dtype)
 
 
+NS = {"fn": newton_schulz}   # compiled with --compile, as upstream compiles it
+
+
 class KernelMuon(torch.optim.Optimizer):
     """Muon on conv kernels: Nesterov momentum, then each kernel's update orthogonalised on its
     (out, in * kh * kw) view; the kernel is rescaled to norm sqrt(out channels) before the update;
     decoupled weight decay `weight_decay` (times the group's current lr).
 
-    The Hive's variant (peers/hive_cifar10.py) sets the rest: `norm_every` (rescale every that
-    many steps; 1 here), `decay_last` (the decay after the update instead of before), the
+    The Hive's variant (peers/hive_cifar10.py) sets the rest: `norm_every` (rescale once that
+    many steps have passed, an int or a function of the step count; 1 here), `decay_last` (the decay after the update instead of before), the
     iteration's `coeffs` and `ns_eps`, and `norm_eps` added to the kernel's norm."""
 
     def __init__(self, params, lr: float, momentum: float, weight_decay: float, ns_steps: int, ns_dtype: torch.dtype,
-                 norm_every: int = 1, decay_last: bool = False, coeffs=NS_COEFFS, ns_eps: float = 1e-7,
+                 norm_every=1, decay_last: bool = False, coeffs=NS_COEFFS, ns_eps: float = 1e-7,
                  norm_eps: float = 0.0):
         super().__init__(params, dict(lr=lr, momentum=momentum, weight_decay=weight_decay))
         self.ns_steps, self.ns_dtype, self.norm_every, self.decay_last = ns_steps, ns_dtype, norm_every, decay_last
-        self.coeffs, self.ns_eps, self.norm_eps, self.steps = coeffs, ns_eps, norm_eps, 0
+        self.coeffs, self.ns_eps, self.norm_eps, self.steps, self.last_rescale = coeffs, ns_eps, norm_eps, 0, 0
 
     @torch.no_grad()
     def step(self):
         self.steps += 1
-        rescale = self.steps % self.norm_every == 0
+        # the kernels are rescaled once `norm_every` steps have passed since the last time (an int, or
+        # a function of the step count: the Hive's interval that grows over the run)
+        every = self.norm_every(self.steps) if callable(self.norm_every) else self.norm_every
+        rescale = self.steps - self.last_rescale >= every
+        if rescale:
+            self.last_rescale = self.steps
         for group in self.param_groups:
             lr, mom, wd = group["lr"], group["momentum"], group["weight_decay"]
             for p in group["params"]:
@@ -150,8 +178,8 @@ class KernelMuon(torch.optim.Optimizer):
                 buf = self.state[p].setdefault("momentum", torch.zeros_like(p.grad))
                 buf.mul_(mom).add_(p.grad)
                 g = p.grad.add(buf, alpha=mom)
-                update = newton_schulz(g.reshape(len(g), -1), self.ns_steps, self.ns_dtype, self.coeffs,
-                                       self.ns_eps).view_as(p)
+                update = NS["fn"](g.reshape(len(g), -1), self.ns_steps, self.ns_dtype, self.coeffs,
+                                  self.ns_eps).view_as(p)
                 if rescale:
                     p.mul_(len(p) ** 0.5 / (p.norm() + self.norm_eps))
                 if not self.decay_last:
@@ -170,8 +198,7 @@ class EpochData:
         flip = torch.rand(len(x), generator=gen) < 0.5
         x = torch.where(flip.view(-1, 1, 1, 1), x.flip(-1), x)
         p = HYP["translate"]
-        dtype = torch.bfloat16 if RUN["amp"] else torch.float32
-        self.padded = F.pad(x, (p, p, p, p), mode="reflect").to(RUN["device"], dtype).contiguous(
+        self.padded = F.pad(x, (p, p, p, p), mode="reflect").to(RUN["device"], input_dtype()).contiguous(
             memory_format=torch.channels_last)
 
     def epoch_batches(self, batch_size: int):
@@ -195,7 +222,8 @@ class EpochData:
 def normalised(images_u8: torch.Tensor) -> torch.Tensor:
     x = images_u8.permute(0, 3, 1, 2).float().div_(255)
     x = (x - MEAN.view(1, 3, 1, 1)) / STD.view(1, 3, 1, 1)
-    return x.to(RUN["device"]).contiguous(memory_format=torch.channels_last)
+    return x.to(RUN["device"], torch.float16 if RUN["half"] else torch.float32).contiguous(
+        memory_format=torch.channels_last)
 
 
 # -------------------------------------------------------------------------------- evaluation
@@ -248,10 +276,11 @@ class Timer:
             self.total += time.perf_counter() - self.t
 
 
-def make_muon(kernels: list, weight_decay: float, ns_dtype: torch.dtype) -> torch.optim.Optimizer:
-    """Muon for the conv kernels; `weight_decay`: the run's decay per step at the full lr."""
-    return KernelMuon(kernels, lr=HYP["muon_lr"], momentum=HYP["muon_momentum"],
-                      weight_decay=weight_decay / HYP["muon_lr"], ns_steps=HYP["ns_steps"], ns_dtype=ns_dtype)
+def make_muon(kernels: list, weight_decay: float, ns_dtype: torch.dtype, total_steps: int) -> torch.optim.Optimizer:
+    """Muon for the conv kernels, without weight decay (upstream's Muon has none; `weight_decay`,
+    the SGD groups' decay, is for procedures that decay their kernels too)."""
+    return KernelMuon(kernels, lr=HYP["muon_lr"], momentum=HYP["muon_momentum"], weight_decay=0.0,
+                      ns_steps=HYP["ns_steps"], ns_dtype=ns_dtype)
 
 
 def run(data, seed: int, epoch_evals: bool, warmup_steps: int = 0, proc=None) -> dict:
@@ -267,6 +296,11 @@ def run(data, seed: int, epoch_evals: bool, warmup_steps: int = 0, proc=None) ->
     test_x, test_y = normalised(data.test_x), data.test_y
 
     model = Net().to(RUN["device"], memory_format=torch.channels_last)
+    if RUN["half"]:   # as published on a GPU: fp16 weights, batch norm in fp32
+        model.half()
+        for m in model.modules():
+            if isinstance(m, nn.BatchNorm2d):
+                m.float()
     kernels = [p for p in model.parameters() if p.dim() == 4 and p.requires_grad]
     norm_biases = [p for n, p in model.named_parameters()
                    if isinstance(model.get_submodule(n.rsplit(".", 1)[0]), nn.BatchNorm2d) and p.requires_grad]
@@ -274,21 +308,24 @@ def run(data, seed: int, epoch_evals: bool, warmup_steps: int = 0, proc=None) ->
     sgd = torch.optim.SGD([dict(params=[model.whiten.bias], lr=HYP["bias_lr"], weight_decay=wd / HYP["bias_lr"]),
                            dict(params=norm_biases, lr=HYP["bias_lr"], weight_decay=wd / HYP["bias_lr"]),
                            dict(params=[model.head.weight], lr=HYP["head_lr"], weight_decay=wd / HYP["head_lr"])],
-                          momentum=HYP["sgd_momentum"], nesterov=True)
-    ns_dtype = torch.bfloat16 if RUN["amp"] else torch.float32   # hasten's rule: the run's matmul precision
-    muon = proc.make_muon(kernels, wd, ns_dtype)
-    for opt in (sgd, muon):
-        for g in opt.param_groups:
-            g["base_lr"] = g["lr"]
-    forward = torch.compile(model) if RUN["compile"] else model
-    loss_fn = nn.CrossEntropyLoss(label_smoothing=HYP["label_smoothing"], reduction="sum")
+                          momentum=HYP["sgd_momentum"], nesterov=True, fused=RUN["device"].type == "cuda")
     steps_per_epoch = len(labels) // bs
     total = math.ceil(HYP["epochs"] * steps_per_epoch) if not warmup_steps else warmup_steps
     bias_steps = math.ceil(HYP["whiten_bias_epochs"] * steps_per_epoch)
+    # Newton-Schulz precision: upstream's on a GPU (the procedure's NS_DTYPE), else the run's matmul precision
+    ns_dtype = getattr(proc, "NS_DTYPE", torch.bfloat16) if RUN["half"] else (
+        torch.bfloat16 if RUN["amp"] else torch.float32)
+    muon = proc.make_muon(kernels, wd, ns_dtype, total)
+    for opt in (sgd, muon):
+        for g in opt.param_groups:
+            g["base_lr"] = g["lr"]
+    forward = torch.compile(model, mode="max-autotune") if RUN["compile"] else model
+    loss_fn = nn.CrossEntropyLoss(label_smoothing=HYP["label_smoothing"], reduction="sum")
     whitening, training, tta_eval = Timer(), Timer(), Timer()
     evals = []
     with whitening:
-        fit_whitening(model.whiten, normalised(data.train_x[:HYP["whiten_images"]]), HYP["whiten_eps"])
+        getattr(proc, "fit_whitening", fit_whitening)(model.whiten, normalised(data.train_x[:HYP["whiten_images"]]),
+                                                      HYP["whiten_eps"])
     step = 0
     for epoch in range(math.ceil(total / steps_per_epoch)):
         with training:
@@ -298,8 +335,7 @@ def run(data, seed: int, epoch_evals: bool, warmup_steps: int = 0, proc=None) ->
                 for g in sgd.param_groups[1:] + muon.param_groups:
                     g["lr"] = g["base_lr"] * frac
                 with _autocast():
-                    # the Hive's net takes the whitening bias out of the graph after its steps; here its lr reaches 0
-                    loss = loss_fn(forward(x, step < bias_steps) if HYP.get("detach_whiten_bias") else forward(x), y)
+                    loss = loss_fn(forward(x, step < bias_steps), y)   # the bias leaves the graph after its steps
                 sgd.zero_grad(set_to_none=True)
                 muon.zero_grad(set_to_none=True)
                 loss.backward()
@@ -340,27 +376,37 @@ def main(argv=None, proc=None, name: str = "airbench94_muon (hasten's rendering)
     ap.add_argument("--seed0", type=int, default=0)
     ap.add_argument("--epoch-evals", action="store_true", help="evaluate after every epoch (not timed)")
     ap.add_argument("--out", help="append one JSON line per run to this file")
-    ap.add_argument("--precision", choices=("auto", "bf16", "fp32"), default="auto",
-                    help="bf16 autocast or plain fp32; auto: bf16 on a GPU or a CPU with AVX512-BF16 or AMX")
+    ap.add_argument("--precision", choices=("auto", "bf16", "fp32", "fp16"), default="auto",
+                    help="bf16: autocast over fp32 weights; fp16: fp16 weights with BN in fp32 (upstream's, on a "
+                         "GPU); auto: fp16 on a GPU, bf16 on a CPU with AVX512-BF16 or AMX, fp32 elsewhere")
     ap.add_argument("--device", default="cpu", help="cpu or cuda")
-    ap.add_argument("--compile", action="store_true", help="torch.compile the network (as published, on a GPU)")
+    ap.add_argument("--compile", action="store_true", help="torch.compile the network (mode max-autotune) and "
+                    "Newton-Schulz, as published (on a GPU)")
+    ap.add_argument("--comparison", help="the results folder these runs are made for (recorded as provenance)")
+    ap.add_argument("--order", type=int, help="this run's place in the comparison's run order (recorded)")
     args = ap.parse_args(argv)
     RUN["device"] = torch.device(args.device)
     RUN["compile"] = args.compile
-    RUN["amp"] = args.precision == "bf16" or (args.precision == "auto" and (RUN["device"].type == "cuda" or cpu_has_bf16()))
+    cuda = RUN["device"].type == "cuda"
+    precision = args.precision if args.precision != "auto" else "fp16" if cuda else "bf16" if cpu_has_bf16() else "fp32"
+    RUN["amp"], RUN["half"] = precision == "bf16", precision == "fp16"
+    if cuda:
+        torch.backends.cudnn.benchmark = True   # as published
+    if args.compile:
+        NS["fn"] = torch.compile(newton_schulz)
 
     from hasten.data.cifar import load_cifar10      # the reader only
+    from hasten.provenance import run_provenance    # the record's commit, machine and start time
     data = load_cifar10(args.data)
-    info = {"peer": name, "cpu": platform.processor() or platform.machine(),
-            "device": str(RUN["device"]), "gpu": torch.cuda.get_device_name() if RUN["device"].type == "cuda" else None,
-            "threads": torch.get_num_threads(), "torch": torch.__version__, "compiled": RUN["compile"],
-            "malloc_env": {k: v for k, v in os.environ.items() if k.startswith("MALLOC_")},
-            "precision": "bf16" if RUN["amp"] else "fp32"}
+    info = {"peer": name, "device": str(RUN["device"]), "threads": torch.get_num_threads(), "torch": torch.__version__,
+            "compiled": RUN["compile"], "malloc_env": {k: v for k, v in os.environ.items() if k.startswith("MALLOC_")},
+            "precision": precision}
     steps = math.ceil(proc.HYP["epochs"] * (len(data.train_y) // proc.HYP["batch_size"]))
     run(data, seed=10_000, epoch_evals=False, warmup_steps=steps if RUN["device"].type == "cuda" else 3, proc=proc)
     results = []
-    for seed in range(args.seed0, args.seed0 + args.seeds):
-        r = {**run(data, seed, args.epoch_evals, proc=proc), **info}
+    for i, seed in enumerate(range(args.seed0, args.seed0 + args.seeds)):
+        provenance = run_provenance(args.comparison, None if args.order is None else args.order + i)
+        r = {**run(data, seed, args.epoch_evals, proc=proc), **info, "provenance": provenance}
         results.append(r)
         print(f"seed {seed}: acc {r['acc_tta']:.4f} (no TTA {r['acc']:.4f}), timed {r['timed_s']:.2f} s "
               f"(whitening {r['parts_s']['whitening']:.2f}, training {r['parts_s']['training']:.2f}, "

@@ -56,3 +56,75 @@ def describe(code: dict | None) -> str:
     parts.append(f"hasten {code.get('hasten')}")
     parts.append(f"source sha256 {str(code.get('source_sha256'))[:12]}")
     return ", ".join(parts)
+
+
+# ---------------------------------------------------------------------------- records
+# The provenance every measurement record carries (hasten's bench runs, peer runs, benchmark
+# results): which code, which machine, when it started, and for which comparison it was made.
+# The results index lists the same fields; report sentences about run order are derived from
+# them (`order_sentence`), never written by hand.
+PROVENANCE_FIELDS = ("commit", "dirty", "machine", "started", "comparison", "order")
+
+
+def machine_identity() -> dict:
+    """The machine a figure holds for: CPU model and the flags that decide speed, cores, GPU."""
+    from .hardware import cpu_features, cpu_name, kernel_caps
+    gpu = None
+    try:
+        import torch
+        gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else None
+    except ImportError:
+        pass
+    import os
+    return {"cpu": cpu_name(), "flags": cpu_features(), "kernel_caps": kernel_caps(), "cores": os.cpu_count(),
+            "gpu": gpu}
+
+
+def run_provenance(comparison: "str | None" = None, order: "int | None" = None, started: "str | None" = None) -> dict:
+    """The PROVENANCE_FIELDS of a run starting now: `comparison` names the results folder it was
+    made for (a record found in another folder was copied there); `order` its place among that
+    comparison's runs (0-based), when the writer knows it."""
+    import datetime
+    code = code_version()
+    return {"commit": code["commit"], "dirty": code["dirty"], "machine": machine_identity(),
+            "started": started or datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="microseconds"),
+            "comparison": comparison, "order": order}
+
+
+def order_sentence(sides: "dict[str, list[dict]]", folder: str) -> str:
+    """How the runs of a comparison were ordered, from their provenance alone: 'runs alternating',
+    'the peer's runs first, then hasten's', or which side's runs were copied from another
+    comparison (their `comparison` field names another folder) or carry no provenance.
+
+    sides: label -> that side's records, each with a `provenance` dict (PROVENANCE_FIELDS)."""
+    notes, timeline = [], []
+    for label, records in sides.items():
+        provs = [r.get("provenance") for r in records]
+        if not records:
+            continue
+        if any(p is None or not p.get("started") for p in provs):
+            notes.append(f"{label}: {sum(p is None for p in provs)} of {len(records)} runs carry no start time or "
+                         "commit (recorded before provenance was), so the order is unknown")
+            continue
+        copied = sorted({p["comparison"] for p in provs if p.get("comparison") not in (None, folder)})
+        if copied:
+            notes.append(f"{label}: {sum(p.get('comparison') not in (None, folder) for p in provs)} of {len(records)} "
+                         f"runs copied from {', '.join(copied)} (not run beside the other side's)")
+            continue
+        timeline += [(p["started"], label) for p in provs]
+    timeline.sort()
+    labels = [label for _, label in timeline]
+    counts = {x: labels.count(x) for x in dict.fromkeys(labels)}
+    if len(counts) == 2:
+        m = min(counts.values())
+        head, tail = labels[:2 * m], labels[2 * m:]
+        if all(a != b for a, b in zip(head, head[1:])) and len(set(tail)) <= 1:
+            notes.insert(0, "runs alternating (by their recorded start times)"
+                         + (f", {tail[0]}'s {len(tail)} further runs after" if tail else ""))
+        elif sum(a != b for a, b in zip(labels, labels[1:])) == 1:
+            notes.insert(0, f"{labels[0]}'s runs first, then {labels[-1]}'s (by their recorded start times)")
+        else:
+            notes.insert(0, f"runs in the order {', '.join(labels)} (by their recorded start times)")
+    elif len(counts) > 2:
+        notes.insert(0, f"runs in the order {', '.join(labels)} (by their recorded start times)")
+    return "; ".join(notes) + "." if notes else "no runs."

@@ -36,7 +36,7 @@ from rich.progress import MofNCompleteColumn, TextColumn, TimeElapsedColumn, Tim
 from ..callbacks.progress import work_progress
 from ..config import load_recipe, to_dict
 from ..errors import ConfigError, brief
-from ..provenance import code_version
+from ..provenance import code_version, run_provenance
 from ..provenance import describe as describe_code
 
 _SPLIT = re.compile(r"\+(?=[A-Za-z_][\w.]*=)")
@@ -179,7 +179,7 @@ def run_one(spec: Spec, seed: int, out_dir: Path, cap_s: float | None = None, ke
         kept = keep / f"{safe}-seed{seed}" if keep is not None else None
         spec_file.write_text(json.dumps({"recipe": spec.recipe, "overrides": spec.overrides, "seed": seed,
                                          "run_dir": str(kept or Path(run_dir) / "run"), "keep": kept is not None}))
-        t0 = time.perf_counter()
+        t0, provenance = time.perf_counter(), run_provenance(comparison=out_dir.name)
         with open(log_path, "w") as log:
             launch = ([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={spec.nproc}"]
                       if spec.nproc > 1 else [sys.executable])   # data-parallel runs: the worker under torchrun
@@ -203,7 +203,7 @@ def run_one(spec: Spec, seed: int, out_dir: Path, cap_s: float | None = None, ke
         status = "interrupted"   # the worker itself was stopped by a signal: it did not finish
     record = {"label": spec.label, "recipe": spec.recipe, "overrides": spec.overrides, "seed": seed,
               "status": status, "wall_s": wall, "evals": evals, "final": final, "progress": progress,
-              "log": log_path.name}
+              "log": log_path.name, "provenance": provenance}
     if status == "failed":
         record["error"] = _last_error(log_path)
     if interrupted:
