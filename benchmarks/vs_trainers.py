@@ -12,13 +12,21 @@ trainer the user would pick reaches it.
     python benchmarks/vs_trainers.py gpt   [--seeds 3] [--steps 500] [--fast-steps 300]
     python benchmarks/vs_trainers.py cifar [--seeds 3] [--epochs 10]
 
+Equal terms: every arm's process starts with the same environment, which holds hasten's host
+allocator settings as glibc's MALLOC_* variables (a one-line `export` a user of any trainer
+can write; hasten leaves the allocator alone when they are set), except the arms marked "as
+documented", which run under glibc's defaults as the host's documentation leaves them. The
+first arm of each suite is the host with the one-line change a user makes without hasten, so
+every ratio in the report is what hasten adds over that.
+
 gpt: a GPT-2 (`transformers.GPT2LMHeadModel`, 4 layers of width 256, 4 heads, dropout 0,
 the 8,192-token BPE vocabulary of the prose corpus, windows of 256, batch 16) on the prose
 corpus of docs/model-families.md. Arms:
 - `hf`: the HF `Trainer` with its documented settings for speed on this machine (written in
   the report): bf16 where the CPU has bf16 hardware, the fused AdamW, and nanoGPT's
   hyperparameters (the baseline recipe's: lr 1e-3, betas 0.9/0.99, weight decay 0.1,
-  clipping 1.0, cosine with warm-up);
+  clipping 1.0, cosine with warm-up), plus the allocator settings (equal terms);
+- `hf-documented`: the same under glibc's allocator defaults (as documented; not like for like);
 - `hasten`: the same model in hasten's Trainer with `prose-gpt-baseline` (fp32, as nanoGPT runs a CPU);
 - `hasten-fast`: the same model with `prose-gpt-fast`'s training (bf16 where the CPU has it,
   Muon on the matrices, the warm-up/stable/decay schedule, fewer steps);
@@ -26,10 +34,12 @@ corpus of docs/model-families.md. Arms:
   `muon_optimizer`, the WSD schedule, bf16).
 
 cifar: the `cifar10-narrow` network (16/48/48) on the CIFAR-10 copy for 10 epochs. Arms:
-- `lightning`: a LightningModule with Lightning's recommended settings for this machine
+- `lightning-cl`: a LightningModule with Lightning's recommended settings for this machine
   (written in the report): bf16-mixed where the CPU has bf16 hardware, a DataLoader with
   workers and per-sample random crops and flips, SGD with Nesterov momentum, one-cycle-like
-  linear schedule, cross-entropy;
+  linear schedule, cross-entropy; and the network and its inputs in channels-last (the
+  one-line change a Lightning user makes without hasten);
+- `lightning`: the same without channels-last (as Lightning's documentation leaves it);
 - `hasten`: the same network and training in hasten's Trainer with the same DataLoader
   pipeline (no hasten methods);
 - `hasten-fast`: `cifar10-narrow` as packaged (device-resident loader, patch whitening,
@@ -55,17 +65,18 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(__file__))
-from common import RESULTS  # noqa: E402
+from common import RESULTS, glibc_env, hasten_malloc  # noqa: E402
 
 from hasten.bench.report import write_report  # noqa: E402
 from hasten.bench.runner import COUNTED, _read_worker_output, load_runs, outcome  # noqa: E402
 from hasten.bench.target import Target  # noqa: E402
 from hasten.bench.recording import machine  # noqa: E402
 from hasten.hardware import cpu_has_bf16  # noqa: E402
-from hasten.provenance import code_version  # noqa: E402
+from hasten.provenance import code_version, run_provenance  # noqa: E402
 
-ARMS = {"gpt": ["hf", "hasten", "hasten-fast", "hf+hasten"],
-        "cifar": ["lightning", "hasten", "hasten-fast", "lightning+hasten"]}
+ARMS = {"gpt": ["hf", "hf-documented", "hasten", "hasten-fast", "hf+hasten"],
+        "cifar": ["lightning-cl", "lightning", "hasten", "hasten-fast", "lightning+hasten"]}
+AS_DOCUMENTED = {"hf-documented"}   # arms under glibc's allocator defaults; every other arm under hasten's settings
 GPT = dict(n_layer=4, n_head=4, n_embd=256, n_positions=256, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
 BLOCK, BATCH, EVAL_TOKENS = 256, 16, 131072
 
@@ -210,7 +221,7 @@ def run_gpt(arm: str, seed: int, out, steps: int, fast_steps: int, every: int):
     train, val, vocab = gpt_data()
     clock = Clock(out, gpt_evaluator(val), "val/loss")
     extra = {}
-    if arm in ("hf", "hf+hasten"):
+    if arm in ("hf", "hf-documented", "hf+hasten"):
         fast = arm == "hf+hasten"
         n_steps = fast_steps if fast else steps
         model = gpt_model(vocab, seed)
@@ -317,13 +328,17 @@ def run_cifar(arm: str, seed: int, out, epochs: int, every: int, data_path: str 
         loader = cifar_pipeline(data, seed)
         steps_per_epoch = len(loader)
 
+        channels_last = arm == "lightning-cl"   # the one-line change: network and inputs in channels-last
+        if channels_last:
+            net = net.to(memory_format=torch.channels_last)
+
         class Module(L.LightningModule):
             def __init__(self):
                 super().__init__()
                 self.net, self.loss_fn = net, F.cross_entropy
 
             def forward(self, x):
-                return self.net(x)
+                return self.net(x.contiguous(memory_format=torch.channels_last) if channels_last else x)
 
             def training_step(self, batch, i):
                 x, y = batch
@@ -350,7 +365,8 @@ def run_cifar(arm: str, seed: int, out, epochs: int, every: int, data_path: str 
                             enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
                             callbacks=callbacks, num_sanity_val_steps=0)
         extra["lightning"] = {"precision": precision, "num_workers": 1, "persistent_workers": True,
-                              "compile": False, "algorithms": [a.name for a in algorithms]}
+                              "compile": False, "channels_last": channels_last,
+                              "algorithms": [a.name for a in algorithms]}
         trainer.fit(Module(), loader)
         clock.final(trainer.global_step, trainer.global_step * CIFAR_BATCH, 0, extra)
         return
@@ -429,13 +445,16 @@ def main() -> int:
                      "--fast-steps", str(args.fast_steps), "--epochs", str(args.epochs), "--every", str(args.every)]
             if args.data:
                 child += ["--data", args.data]
+            env = glibc_env() if arm in AS_DOCUMENTED else {**glibc_env(), **hasten_malloc()}
+            provenance = run_provenance(out_dir.name, len(load_runs(runs_file)))
             with open(log.with_suffix(".log"), "w") as f:
-                rc = subprocess.run(child, stdout=f, stderr=subprocess.STDOUT).returncode
+                rc = subprocess.run(child, stdout=f, stderr=subprocess.STDOUT, env=env).returncode
             evals, final, progress = _read_worker_output(log)
             status = "finished" if rc == 0 and final else "failed"
             record = {"label": arm, "recipe": None, "overrides": [], "seed": seed, "status": status,
                       "wall_s": time.perf_counter() - t0, "evals": evals, "final": final, "progress": progress,
-                      "log": log.name}
+                      "log": log.name, "provenance": provenance,
+                      "allocator": "glibc defaults (as documented)" if arm in AS_DOCUMENTED else "hasten's settings"}
             with open(runs_file, "a") as f:
                 f.write(json.dumps(record) + "\n")
             print(f"{arm} seed {seed}: {status}" + (f", {final['metrics']} in {final['train_s']:.1f} s" if final else ""),

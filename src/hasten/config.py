@@ -21,6 +21,7 @@ from .core.time import Time
 from .distributed.fsdp import FSDPOptions
 from .errors import ConfigError, brief
 from .registry import ALGORITHMS, TASKS
+from .microbatch import size_problem
 from .runtime import names_float8
 from .usercode import CODE_KEYS, origins_of
 # the schema helpers live in a leaf module (tasks import them without importing this one);
@@ -61,7 +62,7 @@ class TrainerConfig:
     """Compute each step in micro-batches of this many samples (the same step, less memory), or auto: halve and redo a step that runs out of memory (not with grad_accum)."""
     activation_checkpointing: bool = False
     """Recompute each block's activations in the backward pass instead of keeping them (less memory, more time); with or without FSDP."""
-    memory_limit: Union[int, str, None] = None
+    memory_limit: Union[int, str, None] = setting(None, check=size_problem)
     """Out of memory on a CPU: the bytes of activations one micro-batch may save for backward (e.g. 512MB); what microbatch=auto reacts to there."""
     grad_clip_norm: Optional[float] = setting(None, gt=0)
     """Clip the global gradient norm to this value (adds a GradientClipping algorithm)."""

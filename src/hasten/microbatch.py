@@ -36,16 +36,28 @@ _UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "kib": 2**10, "m
 def parse_bytes(value: "str | int | None", key: str = "trainer.memory_limit") -> int | None:
     """'512MB', '2GiB', 1000000 -> bytes; None stays None."""
     if value is None or isinstance(value, int) and not isinstance(value, bool):
-        if isinstance(value, int) and value <= 0:
-            raise ConfigError(f"{key}={value}: give a positive size, e.g. 512MB")
+        if isinstance(value, int) and not 0 < value < 2**63:
+            raise ConfigError(f"{key}={value}: give a positive size below 8 EiB, e.g. 512MB")
         return value
     m = re.fullmatch(r"\s*([0-9.]+(?:e[0-9]+)?)\s*([a-zA-Z]*)\s*", str(value))
     if not m or m.group(2).lower() not in _UNITS:
         raise ConfigError(f"{key}={value!r}: write a size such as 512MB, 2GB or 1GiB")
-    n = int(float(m.group(1)) * _UNITS[m.group(2).lower()])
-    if n <= 0:
-        raise ConfigError(f"{key}={value!r}: give a positive size")
+    try:
+        n = int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+    except (ValueError, OverflowError):
+        raise ConfigError(f"{key}={value!r}: write a size such as 512MB, 2GB or 1GiB") from None
+    if n <= 0 or n >= 2**63:
+        raise ConfigError(f"{key}={value!r}: give a positive size below 8 EiB, e.g. 512MB")
     return n
+
+
+def size_problem(value) -> "str | None":
+    """For the schema: why `value` is not a memory size (None when it is one)."""
+    try:
+        parse_bytes(value)
+    except ConfigError as e:
+        return str(e).split(": ", 1)[-1]
+    return None
 
 
 def check_microbatch(value) -> "int | str | None":

@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import inspect
+import math
 import re
 import types
 import typing
@@ -187,12 +188,16 @@ def coerce(value: Any, tp, path: str):
     if tp is int:
         if isinstance(value, bool) or not (isinstance(value, int) or (isinstance(value, float) and value.is_integer())):
             raise ConfigError(f"{path}: expected a whole number, got {brief(value)}")
+        if not -2**63 <= int(value) < 2**63:   # what every consumer (torch, numpy, the clock) can hold
+            raise ConfigError(f"{path}: {brief(value)} is out of range; give a whole number below 2**63")
         return int(value)
     if tp is float:
         if isinstance(value, str) and NUMBER.match(value):   # YAML 1.1 reads 1e-3 as a string
-            return float(value)
+            value = float(value)
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ConfigError(f"{path}: expected a number, got {brief(value)}")
+        if not math.isfinite(value):
+            raise ConfigError(f"{path}: {brief(value)} is not a finite number")
         return float(value)
     if tp is str:
         if not isinstance(value, (str, int, float)) or isinstance(value, bool):
