@@ -10,6 +10,8 @@ import pytest
 import hasten.hardware as hardware
 import hasten.runtime as runtime_mod
 import hasten.tune as tune_mod
+import hasten.tune.plan as plan_mod
+import hasten.tune.search as search_mod
 from hasten.config import load_recipe
 from hasten.tune import Option, Trial, Tuner, stages, throughput, write
 from hasten.tune.lr_range import lr_range_test, suggest
@@ -22,7 +24,7 @@ TINY = Path(__file__).parent / "helpers" / "tiny_lm.yaml"
 def _cpu_flags(monkeypatch, flags):
     """The flags stand in for this CPU's (and oneDNN's own cap is not consulted: this machine's may refuse bf16),
     in the tune's own plan and in the runtime's rule for `precision: auto`."""
-    monkeypatch.setattr(tune_mod, "cpu_has_bf16", lambda: hardware.cpu_has_bf16(frozenset(flags)))
+    monkeypatch.setattr(plan_mod, "cpu_has_bf16", lambda: hardware.cpu_has_bf16(frozenset(flags)))
     monkeypatch.setattr(runtime_mod, "cpu_has_bf16", lambda given=None: hardware.cpu_has_bf16(frozenset(flags)))
 
 
@@ -47,8 +49,8 @@ def test_each_stage_starts_from_the_recipes_own_setting(monkeypatch):
     """The first option of a stage is the incumbent, kept unless another beats it: the recipe's
     own setting, so that a change nobody measured as faster (glibc's allocator where hasten
     train applies its own, eager where the recipe compiles) is never handed over."""
-    monkeypatch.setattr(tune_mod.os, "cpu_count", lambda: 4)
-    monkeypatch.setattr(tune_mod.torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(plan_mod.os, "cpu_count", lambda: 4)
+    monkeypatch.setattr(plan_mod.torch.cuda, "is_available", lambda: False)
     first = lambda plan: {name: options[0].label for name, (options, _) in plan.items() if options}
     _cpu_flags(monkeypatch, {"avx2"})
     as_written = first({n: (o, w) for n, o, w in stages(load_recipe(str(TINY)))})
@@ -86,7 +88,7 @@ def test_compile_options_fit_the_device_and_a_rejected_mode_is_taken_back_whole(
     plan = _plan(str(TINY), {"avx2"}, monkeypatch)
     assert [o.label for o in plan["compile"][0]] == ["eager", "compiled"]
     assert plan["optimizer_step"][0] == [] and "CPU" in plan["optimizer_step"][1]
-    monkeypatch.setattr(tune_mod.torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(plan_mod.torch.cuda, "is_available", lambda: True)
     plan = _plan(str(TINY), {"avx2"}, monkeypatch)
     assert [o.label for o in plan["optimizer_step"][0]] == ["eager", "compiled"]
     load_recipe(str(TINY), plan["optimizer_step"][0][-1].overrides)
@@ -278,7 +280,7 @@ def test_when_the_guard_cannot_fit_only_the_stages_that_change_the_arithmetic_ar
     others are still searched (they were all skipped before, the guard's reserve taken from each)."""
     from rich.console import Console
     _cpu_flags(monkeypatch, {"avx2", "avx512_bf16"})
-    monkeypatch.setattr(tune_mod.torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(plan_mod.torch.cuda, "is_available", lambda: False)
     tuner = Tuner("cifar10-narrow", [], budget_s=600, out=None, console=Console(file=io.StringIO()))
     monkeypatch.setattr(Tuner, "trial_cost", lambda self: 20.0)
     monkeypatch.setattr(Tuner, "_guard_cost", lambda self, table=(): 500.0)
@@ -330,16 +332,16 @@ def test_the_guard_references_are_costed_at_the_fp32_step_time_once_it_is_measur
 def test_auto_precision_is_the_recipes_own_arithmetic_on_this_machine(monkeypatch):
     """`precision: auto` runs bf16-mixed where the CPU has bf16 hardware: keeping bf16 there
     changes nothing, so the guard is not asked to check it; on an AVX2-only CPU auto is fp32."""
-    monkeypatch.setattr(tune_mod.torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(plan_mod.torch.cuda, "is_available", lambda: False)
     recipe = load_recipe("cifar10-fast")
     assert recipe.trainer.precision == "auto"
     _cpu_flags(monkeypatch, {"avx2", "avx512_bf16"})
-    assert tune_mod._default("precision", recipe) == "bf16-mixed"
+    assert plan_mod._default("precision", recipe) == "bf16-mixed"
     _cpu_flags(monkeypatch, {"avx2"})
-    assert tune_mod._default("precision", recipe) == "fp32"
+    assert plan_mod._default("precision", recipe) == "fp32"
     # on the recipe's own device: a CPU run on a machine with a GPU is judged by the CPU
-    monkeypatch.setattr(tune_mod.torch.cuda, "is_available", lambda: True)
-    assert tune_mod._default("precision", load_recipe("cifar10-fast", ["trainer.device=cpu"])) == "fp32"
+    monkeypatch.setattr(plan_mod.torch.cuda, "is_available", lambda: True)
+    assert plan_mod._default("precision", load_recipe("cifar10-fast", ["trainer.device=cpu"])) == "fp32"
 
 
 def test_a_round_that_no_longer_fits_is_not_run_and_the_table_says_so(monkeypatch):
@@ -390,10 +392,10 @@ def test_a_slow_recipe_is_searched_within_its_budget(monkeypatch, tmp_path):
     import math as _math
     from rich.console import Console
     _cpu_flags(monkeypatch, {"avx2", "avx512_bf16"})
-    monkeypatch.setattr(tune_mod.torch.cuda, "is_available", lambda: False)
-    monkeypatch.setattr(tune_mod.os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(plan_mod.torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(plan_mod.os, "cpu_count", lambda: 2)
     clock = _FakeClock()
-    monkeypatch.setattr(tune_mod, "time", clock)
+    monkeypatch.setattr(search_mod, "time", clock)
     step_of = {"trainer.precision=fp32": 1.92, "algorithms.channels_last=null": 1.58, "trainer.compile=true": 1.29,
                "trainer.threads=1": 2.16, "trainer.host_allocator=default": 1.44}
 
@@ -409,8 +411,8 @@ def test_a_slow_recipe_is_searched_within_its_budget(monkeypatch, tmp_path):
             clock.now += 15.0 + sum(times)
             out = {"status": "ok", "times": times, "losses": [1.0] * n, "batch_norm": True, "steps_per_epoch": 25}
         Path(args[4]).write_text(json.dumps(dict(out, label=spec["label"])))
-        return tune_mod.subprocess.CompletedProcess(args, 0, "", "")
-    monkeypatch.setattr(tune_mod.subprocess, "run", fake_run)
+        return search_mod.subprocess.CompletedProcess(args, 0, "", "")
+    monkeypatch.setattr(search_mod.subprocess, "run", fake_run)
     result = Tuner("cifar10-fast", [], budget_s=25 * 60, out=None, console=Console(file=io.StringIO())).search()
     assert result["spent_s"] <= result["budget_s"]
     assert sum(result["spent_by"].values()) == pytest.approx(result["spent_s"], abs=1.0)

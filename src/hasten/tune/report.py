@@ -1,0 +1,136 @@
+"""What `hasten tune` writes: the table, the one-line summary, the plot, tune.json and
+tuned.yaml (the recipe as `base:` plus the winning overrides)."""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import yaml
+
+from ..files import atomic_write
+from ..hardware import BF16_CPU_FLAGS, describe_caps
+from ..provenance import describe
+
+
+def _fmt_tp(tp: dict | None) -> str:
+    if not tp:
+        return "-"
+    return f"{tp['samples_per_s']:,.1f} [{tp['low']:,.1f}, {tp['high']:,.1f}]"
+
+
+def render(result: dict) -> str:
+    m = result["machine"]
+    lines = [f"# hasten tune: {result['recipe']}", "",
+             f"Machine: {m['cpu']} ({', '.join(m['flags'])}){describe_caps(m.get('kernel_caps'))}, {m['cores']} cores"
+             + (", bf16 capped off (oneDNN emulates it in this process)"
+                if m.get("bf16_hardware") is False and BF16_CPU_FLAGS & set(m["flags"]) else "")
+             + (f", {m['gpu']}" if m.get("gpu") else "") + f", torch {m['torch']}; measured {result['date']}, "
+             f"{result['spent_s'] / 60:.1f} of {result['budget_s'] / 60:.0f} minutes."
+             + (f" Code: {describe(result['code'])}." if result.get("code") else ""), "",
+             "| stage | option | samples/s [95% interval] | first-step extra s | chosen | miss |",
+             "|---|---|---|---|---|---|"]
+    for r in result["table"]:
+        extra = f"{r['first_step_extra_s']:.1f}" if r.get("first_step_extra_s") is not None else "-"
+        lines.append(f"| {r['stage']} | {r['option']} | {_fmt_tp(r['throughput'])} | {extra} | "
+                     f"{'**yes**' if r.get('chosen') else ''} | {r.get('miss') or ''} |")
+    if result["skipped"]:
+        lines += [""] + [f"- {s['stage']}: not searched: {s['why']}" for s in result["skipped"]]
+    if result.get("shortened"):
+        lines += [""] + [f"- {s['stage']}: measured in {s['why']}" for s in result["shortened"]]
+    g = result["guard"]
+    lines += ["", "Quality guard: " + (
+        f"{'passed' if g['passed'] else 'FAILED (excluded)'} for {', '.join(g['options'])}: mean training loss over "
+        f"the last half of {g['steps']} steps {g['tuned']:.4f} against the reference's {g['reference'][0]:.4f} and "
+        f"{g['reference'][1]:.4f} (tolerance {g['tolerance']:.4f})" if g.get("checked") else f"not run: {g['why']}" + (
+        f"; {', '.join(g['excluded'])} kept as the recipe has it (never handed over unchecked)" if g.get("excluded") else ""))]
+    lines += explain_lines(result.get("why"))
+    if result.get("spent_by"):
+        lines += ["", "Where the minutes went: " + ", ".join(f"{k} {v / 60:.1f}" for k, v in result["spent_by"].items())
+                  + f"; {result['spent_s'] / 60:.1f} in all, of a budget of {result['budget_s'] / 60:.0f}."]
+    lines += ["", f"Tuned overrides: `{' '.join(result['tuned_overrides']) or '(none: the recipe as written)'}`", "",
+              summary(result)]
+    return "\n".join(lines) + "\n"
+
+
+def explain_lines(why: dict | None) -> list[str]:
+    """The report's lines on why each change won: per changed stage, the step time and the two
+    phases that moved most, from the recipe's setting to the winner."""
+    if not why:
+        return []
+    if not why.get("stages"):
+        return ["", f"Why the winners won: {why.get('why', 'not profiled')}"]
+    lines = ["", f"Why the winners won (a profiled window of {why['steps']} steps each, the recipe's setting "
+                 "against the winner, the other chosen settings in both; ms a step):"]
+    for st in why["stages"]:
+        if st.get("miss"):
+            lines.append(f"- {st['stage']}: {st['from']} -> {st['to']}: {st['miss']}")
+            continue
+        moved = sorted(((k, a, b) for k, (a, b) in st["ms"].items() if k != "other"),
+                       key=lambda x: abs(x[2] - x[1]), reverse=True)[:2]
+        (a, b) = st["step_ms"]
+        lines.append(f"- {st['stage']}: {st['from']} -> {st['to']}: step {a:.1f} -> {b:.1f}; "
+                     + ", ".join(f"{k} {x:.1f} -> {y:.1f}" for k, x, y in moved))
+    return lines
+
+
+def summary(result: dict) -> str:
+    if not result.get("speedup"):
+        return "The tuned recipe could not be measured against the recipe as written."
+    gain = result.get("min_gain", 0.0)
+    if result.get("searched_overrides") and not result["tuned_overrides"]:
+        return (f"Nothing beat the recipe as written by {gain:.0%} on this machine: tuned.yaml is the recipe as "
+                f"written (the search's best measured {result['speedup']:.2f}x its throughput, "
+                f"{_fmt_tp(result['tuned'])} against {_fmt_tp(result['as_written'])} samples/s).")
+    chosen = [v for k, v in result["decisions"].items() if "excluded" not in v]
+    if not result["tuned_overrides"]:
+        return "No setting was handed over: tuned.yaml is the recipe as written (what was skipped, and why, is above)."
+    return (f"{' + '.join(chosen)}: {result['speedup']:.2f}x the recipe's throughput on this machine "
+            f"({_fmt_tp(result['tuned'])} against {_fmt_tp(result['as_written'])} samples/s).")
+
+
+def plot(result: dict, path: Path) -> Path | None:
+    try:
+        import matplotlib   # optional extra: plot
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt   # optional extra: plot
+    except ImportError:
+        return None
+    rows = [r for r in result["table"] if r["throughput"]]
+    if not rows:
+        return None
+    fig, ax = plt.subplots(figsize=(8, 0.4 * len(rows) + 1.5))
+    ys = range(len(rows))
+    vals = [r["throughput"]["samples_per_s"] for r in rows]
+    err = [[v - r["throughput"]["low"] for v, r in zip(vals, rows)], [r["throughput"]["high"] - v for v, r in zip(vals, rows)]]
+    ax.barh(list(ys), vals, xerr=err, color=["tab:green" if r.get("chosen") else "tab:gray" for r in rows])
+    ax.set_yticks(list(ys), [f"{r['stage']}: {r['option']}" for r in rows])
+    ax.invert_yaxis()
+    ax.set_xlabel("samples per second (95% interval)")
+    ax.set_title(f"hasten tune {result['recipe']} on {result['machine']['cpu']}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def write(result: dict, out: Path) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    atomic_write(out / "tune.json", lambda f: json.dump(result, f, indent=2, default=str), binary=False)
+    md = render(result)
+    png = plot(result, out / "tune.png")
+    if png:
+        md += f"\n![throughput per option]({png.name})\n"
+    atomic_write(out / "tune.md", lambda f: f.write(md), binary=False)
+    base = result["recipe_arg"]
+    if base.endswith((".yaml", ".yml")):
+        base = os.path.relpath(Path(base).resolve(), out.resolve())
+    tuned = {"base": base, "description": f"{result['recipe']} tuned for {result['machine']['cpu']} by hasten tune"}
+    for o in result["overrides"] + result["tuned_overrides"]:
+        key, _, value = o.partition("=")
+        node = tuned
+        parts = key.split(".")
+        for p in parts[:-1]:
+            node = node.setdefault(p, {})
+        node[parts[-1]] = yaml.safe_load(value) if value != "" else None
+    atomic_write(out / "tuned.yaml", lambda f: yaml.safe_dump(tuned, f, sort_keys=False), binary=False)
