@@ -119,7 +119,7 @@ def test_a_fused_optimizer_is_left_eager_with_a_warning_and_recipes_build_the_fo
     net = _net()
     with pytest.warns(UserWarning, match="fused"):
         compile_steps([torch.optim.AdamW(net.parameters(), lr=1e-3, fused=True)])
-    from hasten.build import build_optimizer
+    from hasten.optim.factory import build_optimizer
     from hasten.config import load_recipe
     from hasten.errors import ConfigError
     from hasten.runtime import make_runtime

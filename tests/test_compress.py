@@ -148,7 +148,7 @@ def test_structured_gpt_equals_the_full_model_with_the_removed_units_and_heads_u
     small, changes = hc.prune_structured(big, 0.25, inputs=idx)
     assert type(small) is GPT and changes == {"mlp_hidden": 96, "n_head": 3, "head_dim": 8}
     assert small.config.n_embd == 32 and small.lm_head.weight is small.wte.weight   # still tied
-    mlp_scores, head_scores = hc.structured.gpt_unit_scores(big, idx)
+    mlp_scores, head_scores = hc.structured.transformer_unit_scores(big, idx)
     ref = GPT(cfg).eval()
     ref.load_state_dict(big.state_dict())
     for i, b in enumerate(ref.blocks):

@@ -134,17 +134,15 @@ def test_optimizer_keys_nest_per_family_and_a_foreign_sub_section_is_an_error():
     assert r.optimizer.name == "adamw" and r.optimizer.adam.eps == 1e-6
 
 
-def test_flat_optimizer_keys_of_hasten_0_1_still_work_with_a_warning_naming_the_new_key():
+def test_a_flat_optimizer_key_of_schema_version_1_is_refused_naming_where_it_moved():
+    """Only a run folder's recipe that states schema_version 1 is migrated (below); a recipe or
+    an override written now with a flat key is told, in one line, where the key lives."""
     from hasten.config import load_recipe
-    with pytest.warns(FutureWarning, match=r"optimizer\.muon_lr is deprecated, use optimizer\.muon\.lr"):
-        r = load_recipe("shakespeare-char-fast", ["optimizer.muon_lr=0.07"])
-    assert r.optimizer.muon.lr == 0.07
-    with pytest.warns(FutureWarning):   # the later override wins, as overrides do
-        assert load_recipe("shakespeare-char-fast", ["optimizer.muon_lr=0.07",
-                                                     "optimizer.muon.lr=0.08"]).optimizer.muon.lr == 0.08
-    with pytest.raises(ConfigError, match="same setting"):   # one file giving both
+    with pytest.raises(ConfigError, match=r"optimizer\.muon_lr is optimizer\.muon\.lr.*write optimizer\.muon\.lr"):
+        load_recipe("shakespeare-char-fast", ["optimizer.muon_lr=0.07"])
+    with pytest.raises(ConfigError, match=r"optimizer\.momentum is optimizer\.sgd\.momentum"):
         from hasten.config import validate
-        validate({"task": "char_lm", "optimizer": {"name": "muon", "muon_lr": 0.1, "muon": {"lr": 0.2}}})
+        validate({"task": "char_lm", "optimizer": {"name": "sgd", "momentum": 0.8}})
 
 
 def test_a_run_folder_recipe_written_by_0_1_resumes_without_a_warning(tmp_path):

@@ -434,7 +434,7 @@ def test_a_killed_fsdp_run_resumes_under_two_and_under_one_and_its_checkpoint_lo
         assert resumed["eval"]["val/acc"] == whole["eval"]["val/acc"]
     final = whole_dir / f"ep1-ba12{suffix}"
     if kind == "sharded":
-        from hasten.checkpoint_sharded import export_whole
+        from hasten.checkpoint.sharded import export_whole
         final = Path(export_whole(final, tmp_path / "exported.pt"))
     payload = torch.load(final, map_location="cpu", weights_only=True)
     plain = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))

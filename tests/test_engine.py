@@ -131,18 +131,3 @@ def test_events_are_the_overridden_methods_and_match_is_a_condition():
     assert Child.listens_to() == (Event.FIT_START, Event.BATCH_END)
     Trainer(mlp(), loader(n=32, batch_size=8), max_duration="4ba", device="cpu", algorithms=[Child()]).fit()
     assert log == [("fit_start", 0), ("batch_end", 2), ("batch_end", 4)]
-
-
-def test_an_algorithm_in_the_old_events_and_apply_form_still_runs_with_a_warning():
-    import pytest
-    seen = []
-    with pytest.warns(DeprecationWarning, match="one method per event"):
-        class Old(Algorithm):
-            events = (Event.FIT_START, Event.BATCH_END)
-
-            def apply(self, event, state, logger):
-                seen.append(event)
-
-    assert Old.listens_to() == (Event.FIT_START, Event.BATCH_END)
-    Trainer(mlp(), loader(n=16, batch_size=8), max_duration="2ba", device="cpu", algorithms=[Old()]).fit()
-    assert seen == [Event.FIT_START, Event.BATCH_END, Event.BATCH_END]

@@ -350,11 +350,11 @@ def test_mixup_loss_is_the_mixture_of_the_two_labels():
 
     mix = MixUp(alpha=0.4)
     Trainer(mlp(), [(x, y)], device="cpu", max_duration="1ba", algorithms=[mix, Spy()]).fit()
-    rng = random.Random(__import__("hasten.utils", fromlist=["derive_seed"]).derive_seed(0, 0, 11))
+    rng = random.Random(__import__("hasten.seeding", fromlist=["derive_seed"]).derive_seed(0, 0, 11))
     rng.random()
     lam = rng.betavariate(0.4, 0.4)
     perm = torch.randperm(16, generator=torch.Generator().manual_seed(
-        __import__("hasten.utils", fromlist=["derive_seed"]).derive_seed(0, 0, 11)))
+        __import__("hasten.seeding", fromlist=["derive_seed"]).derive_seed(0, 0, 11)))
     torch.testing.assert_close(seen["x"], lam * x + (1 - lam) * x[perm])
     out = seen["outputs"]
     want = lam * F.cross_entropy(out, y, reduction="none") + (1 - lam) * F.cross_entropy(out, y[perm], reduction="none")

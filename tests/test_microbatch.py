@@ -142,14 +142,25 @@ def test_activation_checkpointing_keeps_the_step_and_saves_activations():
     assert ckpt_bytes < 0.6 * plain_bytes   # the blocks' insides are not kept
 
 
-def test_the_old_fsdp_key_for_activation_checkpointing_warns_and_still_works(tmp_path):
+def test_activation_checkpointing_moved_out_of_fsdp_migrates_stored_runs_and_is_refused_in_new_recipes(tmp_path):
+    """A run folder's recipe of schema_version 2 kept the switch under trainer.fsdp: it is read
+    into trainer.activation_checkpointing (and the blocks are checkpointed); a recipe written now
+    with the old key is refused in one line naming the key's place."""
     from pathlib import Path
+
+    import yaml
 
     from hasten.build import build_run
     from hasten.config import load_recipe
-    recipe = load_recipe(str(Path(__file__).parent / "helpers" / "tiny_lm.yaml"),
-                         ["trainer.fsdp.activation_checkpointing=true", f"trainer.run_dir={tmp_path / 'run'}"])
-    with pytest.warns(DeprecationWarning, match="moved to trainer.activation_checkpointing"):
-        run = build_run(recipe, progress_bar=False, console_logger=False)
+    tiny = Path(__file__).parent / "helpers" / "tiny_lm.yaml"
+    stored = {"schema_version": 2, **yaml.safe_load(tiny.read_text())}
+    stored.setdefault("trainer", {})["fsdp"] = {"activation_checkpointing": True, "blocks": []}
+    old = tmp_path / "recipe.yaml"
+    old.write_text(yaml.safe_dump(stored))
+    recipe = load_recipe(str(old), [f"trainer.run_dir={tmp_path / 'run'}"])
+    assert recipe.trainer.activation_checkpointing
+    run = build_run(recipe, progress_bar=False, console_logger=False)
     assert all(getattr(b, "_hasten_checkpointed", False) for b in run.trainer.state.model.fsdp_blocks())
     run.close(discard=True)
+    with pytest.raises(ConfigError, match="write trainer.activation_checkpointing"):
+        load_recipe(str(tiny), ["trainer.fsdp.activation_checkpointing=true"])

@@ -218,8 +218,8 @@ def test_normalized_conv_muon_equals_muon_on_a_weight_rescaled_by_hand():
 
 
 def test_muon_with_sgd_for_the_rest_keeps_the_group_rules():
-    from hasten.algorithms.frozen_bn import freeze_bn_scale
-    from hasten.build import build_optimizer
+    from hasten.algorithms.frozen_bn_scale import freeze_bn_scale
+    from hasten.optim.factory import build_optimizer
     from hasten.runtime import make_runtime
     from hasten.config import OptimizerConfig
     from hasten.models import SpeedrunNet
@@ -257,7 +257,7 @@ def test_ns_coefficients_from_a_recipe_reach_the_iteration():
     """optimizer.muon.ns_coefficients (the Hive's record uses its own): the kernels' update equals
     torch.optim.Muon's with the same coefficients on the flattened kernel, and differs from the
     default coefficients' update."""
-    from hasten.build import build_optimizer
+    from hasten.optim.factory import build_optimizer
     from hasten.config import MuonSettings, OptimizerConfig
     from hasten.runtime import make_runtime
     hive = (3.4576, -4.7391, 2.0843)

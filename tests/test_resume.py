@@ -28,7 +28,7 @@ def test_resume_keeps_the_stored_recipe_and_records_allowed_changes(tmp_path, ca
     assert main(["train", *RUN, "trainer.max_duration=8ba", f"trainer.run_dir={run}"]) == 0
     stored = (run / "recipe.yaml").read_bytes()
     from hasten.config import RECIPE_SCHEMA_VERSION
-    assert yaml.safe_load(stored)["schema_version"] == RECIPE_SCHEMA_VERSION == 2
+    assert yaml.safe_load(stored)["schema_version"] == RECIPE_SCHEMA_VERSION == 3
     assert main(["train", "--resume", str(run), "trainer.max_duration=12ba", "--no-progress"]) == 0
     out = capsys.readouterr().out
     assert "resuming at batch 8" in out and "ep0-ba12.pt" in out

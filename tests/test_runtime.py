@@ -60,7 +60,7 @@ def test_the_training_stream_does_not_depend_on_randomness_drawn_while_building(
 
 
 def test_fp32_runtime_gives_muon_an_fp32_iteration_and_bf16_a_bf16_one():
-    from hasten.build import build_optimizer
+    from hasten.optim.factory import build_optimizer
     from hasten.config import OptimizerConfig
     from hasten.models.gpt import GPT, GPTConfig
     from hasten.optim import ConvMuon

@@ -338,7 +338,7 @@ def test_max_duration_in_samples_and_tokens():
 
 def test_precision_auto_follows_the_hardware():
     from hasten.hardware import cpu_has_bf16
-    from hasten.utils import resolve_precision
+    from hasten.runtime import resolve_precision
     cpu = torch.device("cpu")
     assert resolve_precision("auto", cpu, frozenset({"avx2", "avx512f"})) == "fp32"          # bf16 would be emulated
     assert resolve_precision("auto", cpu, frozenset({"avx512f", "avx512_bf16"})) == "bf16-mixed"
@@ -455,7 +455,7 @@ def test_compile_mode_reaches_torch_compile_and_cuda_graph_modes_mark_every_step
     for, and the GPU rule forced."""
     from pathlib import Path
 
-    import hasten.distributed.prepare as prepare
+    import hasten.assembly.prepare as prepare
     from hasten.cli import main
     asked, marks = [], []
     monkeypatch.setattr(prepare.torch, "compile", lambda model, **kw: asked.append(kw) or model)
@@ -474,7 +474,7 @@ def test_compile_mode_reaches_torch_compile_and_cuda_graph_modes_mark_every_step
 
 
 def test_cuda_graph_modes_are_those_that_capture_graphs_and_only_on_cuda():
-    from hasten.distributed.prepare import captures_cuda_graphs
+    from hasten.assembly.prepare import captures_cuda_graphs
     cuda, cpu = torch.device("cuda", 0), torch.device("cpu")
     assert captures_cuda_graphs({"mode": "reduce-overhead"}, cuda) and captures_cuda_graphs({"mode": "max-autotune"}, cuda)
     assert not captures_cuda_graphs({"mode": "reduce-overhead"}, cpu)
@@ -487,9 +487,9 @@ def test_evaluation_under_cuda_graphs_copies_each_forwards_outputs_and_tta_reads
     memory (a later call may overwrite them); test-time augmentation, which combines several
     forwards of a batch, goes through the copy and scores as without it. On the CPU, with the
     GPU rule forced and torch.compile stood in for."""
-    import hasten.distributed.prepare as prepare
+    import hasten.assembly.prepare as prepare
     from hasten.algorithms import TTA
-    from hasten.distributed.prepare import CloneOutputs
+    from hasten.assembly.prepare import CloneOutputs
     x = torch.randn(3, 4)
     out = CloneOutputs(lambda t: (t, {"a": t * 2, "n": 5}))(x)
     assert torch.equal(out[0], x) and out[0].data_ptr() != x.data_ptr() and out[1]["n"] == 5

@@ -185,7 +185,7 @@ def test_label_smoothing_matches_pytorch():
 def test_label_smoothing_trains_smoothed_and_evaluates_plain():
     from tiny import loader, mlp
     from hasten import Algorithm
-    from hasten.trainer import default_loss
+    from hasten.loss import default_loss
     seen = []
 
     class Spy(Algorithm):   # listed before LabelSmoothing: sees the per-sample training losses

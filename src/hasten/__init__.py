@@ -2,12 +2,11 @@
 
     from hasten import Trainer, Algorithm, Callback, Event, Time
 """
-__version__ = "0.1.0"
-
-from .core import Algorithm, Callback, Engine, Event, Interval, NonFiniteLossError, State, Time, Timestamp, TimeUnit  # noqa: E402
-from .runtime import Runtime, make_runtime  # noqa: E402
-from .trainer import Trainer  # noqa: E402
-from . import algorithms, tasks  # noqa: E402,F401  (their modules fill hasten.registry: every method and task)
+from .version import __version__
+from .core import Algorithm, Callback, Engine, Event, Interval, NonFiniteLossError, State, Time, Timestamp, TimeUnit
+from .runtime import Runtime, make_runtime
+from .trainer import Trainer
+from . import algorithms, tasks  # noqa: F401  (their modules fill hasten.registry: every method and task)
 
 __all__ = ["Algorithm", "Callback", "Engine", "Event", "Interval", "NonFiniteLossError", "Runtime", "State", "Time",
            "Timestamp", "TimeUnit", "Trainer", "__version__", "make_runtime"]

@@ -2,86 +2,32 @@
 algorithms, callbacks, loggers and a run folder. Nothing here is task-specific."""
 from __future__ import annotations
 
-import dataclasses
 import datetime as _dt
 import inspect
 import json
 import shutil
-import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import torch
 import torch.distributed as dist
 
-from .assemble import CheckpointOptions, Durations, StepOptions, assemble
+from .assembly import CheckpointOptions, Durations, ParallelOptions, StepOptions, assemble
 from .callbacks import LRMonitor, Profile, ProgressBar, SpeedMonitor
 from .callbacks.checkpoint import INDEX as CHECKPOINT_INDEX
-from .callbacks.checkpoint import TEMPORARY, Checkpoint, remove_owned
-from .checkpoint import ShardedCheckpointIO
-from .distributed.prepare import ParallelOptions
-from .config import OptimizerConfig, Recipe, make_algorithm, to_dict
+from .callbacks.checkpoint import TEMPORARY, remove_owned
+from .config import Recipe, make_algorithm, to_dict
+from .distributed.fsdp import FSDPOptions
 from .errors import ConfigError
 from .files import LOCK_NAME, FolderLock, atomic_write, ensure_writable_dir
 from .loggers import ConsoleLogger, JSONLLogger, MLflowLogger, TensorBoardLogger, WandbLogger
-from .optim import LRSchedule, apply_lr_multipliers, param_groups
-from .optim.muon import muon_for, muon_optimizers, split_for_muon
-from .optim.sgdw import SGDW, decoupled_hparams
+from .optim import LRSchedule
+from .optim.factory import build_optimizer
 from .runs import RECIPE_FILE, RUN_OUTPUTS, TRACKERS_FILE, check_run_folder, write_run_folder
 from .runtime import Runtime, make_runtime, resolve_device
+from .schema import group_from
 from .tasks import TASKS
 from .tasks.base import Built
 from .trainer import Trainer
-
-
-def build_optimizer(cfg: OptimizerConfig, model: torch.nn.Module, runtime: Runtime, batch_size: int | None = None,
-                    compiled: bool = False):
-    """The recipe's optimizer(s) for `model`; Muon's Newton-Schulz precision follows the runtime's.
-    `compiled` (trainer.compile_optimizer): torch.compile does not trace fused optimizers, so
-    AdamW and SGD take their foreach form, which the compiled step fuses itself."""
-    sgd, adam, mu = cfg.sgd, cfg.adam, cfg.muon
-    if sgd.per_example and cfg.name != "sgdw":
-        raise ValueError(f"optimizer.sgd.per_example applies to sgdw only, not {cfg.name!r}")
-    if compiled and cfg.fused:
-        raise ConfigError("optimizer.fused=true with trainer.compile_optimizer: torch.compile does not trace fused "
-                          "optimizers (their step stays torch's own kernel); drop optimizer.fused")
-    fused = cfg.fused if cfg.fused is not None else runtime.device.type in ("cpu", "cuda") and not compiled
-    if cfg.name == "muon" and mu.others == "adamw":
-        return muon_optimizers(model, muon_lr=mu.lr, muon_momentum=mu.momentum,
-                               muon_weight_decay=mu.weight_decay, adam_lr=cfg.lr, adam_betas=adam.betas,
-                               adam_weight_decay=cfg.weight_decay, adjust_lr_fn=mu.adjust_lr, fused=fused,
-                               ns_steps=mu.ns_steps, normalize_weights=mu.normalize,
-                               ns_dtype=mu.ns_dtype, precision=runtime.precision, foreach=mu.foreach,
-                               ns_coefficients=mu.ns_coefficients)
-    if cfg.name == "muon":   # Muon for the hidden matrices and kernels, SGD with the group rules for the rest
-        hidden, other = split_for_muon(model)
-        opts = [muon_for([p for _, p in hidden], mu.lr, mu.momentum, mu.weight_decay, mu.adjust_lr, mu.ns_steps,
-                         mu.normalize, ns_dtype=mu.ns_dtype, precision=runtime.precision,
-                         foreach=mu.foreach, ns_coefficients=mu.ns_coefficients)] if hidden else []
-        if other:
-            groups = param_groups(other, cfg.weight_decay, cfg.decay_min_dim, tuple(cfg.no_decay), cfg.lr_multipliers,
-                                  cfg.decay_ignores_lr_mult)
-            opts.append(apply_lr_multipliers(torch.optim.SGD(groups, lr=cfg.lr, momentum=sgd.momentum,
-                                                             nesterov=sgd.nesterov, fused=fused)))
-        return opts
-    groups = param_groups(model, cfg.weight_decay, cfg.decay_min_dim, tuple(cfg.no_decay), cfg.lr_multipliers,
-                          cfg.decay_ignores_lr_mult)
-    if cfg.name == "sgd":
-        opt = torch.optim.SGD(groups, lr=cfg.lr, momentum=sgd.momentum, nesterov=sgd.nesterov, fused=fused)
-    elif cfg.name == "sgdw":
-        lr, wd = cfg.lr, cfg.weight_decay
-        if sgd.per_example:
-            if not batch_size:
-                raise ValueError("optimizer.sgd.per_example needs the batch size (data.batch_size)")
-            h = decoupled_hparams(cfg.lr, cfg.weight_decay, sgd.momentum, batch_size)
-            lr, wd = h["lr"], h["weight_decay"]
-            for g in groups:
-                g["weight_decay"] = wd if g["weight_decay"] else 0.0
-        opt = SGDW(groups, lr=lr, momentum=sgd.momentum, nesterov=sgd.nesterov)
-    else:
-        cls = torch.optim.AdamW if cfg.name == "adamw" else torch.optim.Adam
-        opt = cls(groups, lr=cfg.lr, betas=tuple(adam.betas), eps=adam.eps, fused=fused)
-    return apply_lr_multipliers(opt)
 
 
 def default_run_dir(recipe: Recipe) -> Path:
@@ -276,45 +222,29 @@ def tracker_loggers(t, run_dir: Path, name: str) -> list:
 
 
 def step_options(t) -> StepOptions:
-    """trainer.* step settings; the old trainer.fsdp.activation_checkpointing still counts, and warns."""
-    step = _options(StepOptions, t)
-    if t.compile_mode is not None:
-        if not t.compile:
-            raise ConfigError(f"trainer.compile_mode={t.compile_mode} is torch.compile's mode: add trainer.compile=true "
-                              "(or drop compile_mode)")
-        step = dataclasses.replace(step, compile={"mode": t.compile_mode})
-    if t.fsdp.activation_checkpointing and not t.activation_checkpointing:
-        warnings.warn("trainer.fsdp.activation_checkpointing moved to trainer.activation_checkpointing, which works "
-                      "with or without FSDP", DeprecationWarning, stacklevel=2)
-        step = dataclasses.replace(step, activation_checkpointing=True)
-    return step
-
-
-def _options(cls, section):
-    """The grouped option `cls` from the recipe section that holds its fields under the same names."""
-    return cls(**{f.name: getattr(section, f.name) for f in dataclasses.fields(cls) if hasattr(section, f.name)})
+    """The recipe's step options: its StepOptions fields, with `compile_mode` made torch.compile's mode."""
+    if t.compile_mode is not None and not t.compile:
+        raise ConfigError(f"trainer.compile_mode={t.compile_mode} is torch.compile's mode: add trainer.compile=true "
+                          "(or drop compile_mode)")
+    compile_ = {"mode": t.compile_mode} if t.compile_mode is not None else t.compile
+    return group_from(StepOptions, t, compile=compile_)
 
 
 def _trainer(recipe: Recipe, built: Built, algorithms: list, run_dir: Path, runtime: Runtime, progress_bar,
              console_logger: bool, hyperparameters: str = "checkpoint") -> Trainer:
     t = recipe.trainer
-    main = runtime.world.is_main
-    loggers = [JSONLLogger(run_dir / "metrics.jsonl")] if main else []
+    loggers = [JSONLLogger(run_dir / "metrics.jsonl")] if runtime.world.is_main else []   # (files: rank 0's)
     if console_logger:
         loggers.append(ConsoleLogger())
-    if t.tensorboard and main and TensorBoardLogger.available():
+    if t.tensorboard and runtime.world.is_main and TensorBoardLogger.available():
         loggers.append(TensorBoardLogger(run_dir / "tensorboard"))
-    if main:
+    if runtime.world.is_main:
         loggers += tracker_loggers(t, run_dir, recipe.name)
     callbacks = [SpeedMonitor(flops_per_sample=built.flops_per_sample), LRMonitor()]
     if t.profile:
         callbacks.append(Profile(steps=t.profile, folder=run_dir / "profile"))
     if progress_bar if progress_bar is not None else t.progress_bar:
         callbacks.insert(0, ProgressBar())
-    io = ShardedCheckpointIO() if runtime.world.sharded and t.fsdp.checkpoint == "sharded" else None
-    if t.checkpoints:
-        callbacks.append(Checkpoint(str(run_dir / "checkpoints"), interval=t.save_interval or t.eval_interval,
-                                    keep_last=t.keep_last, io=io))
     s = recipe.schedule
     schedule = LRSchedule(s.name, warmup=s.warmup, warmdown=s.warmdown, min_factor=s.min_factor,
                           start_factor=s.start_factor)
@@ -322,12 +252,13 @@ def _trainer(recipe: Recipe, built: Built, algorithms: list, run_dir: Path, runt
         return Trainer.from_parts(assemble(
             built.model, runtime, train_dataloader=built.train_dataloader, eval_dataloader=built.eval_dataloader,
             optimizers=lambda model: build_optimizer(recipe.optimizer, model, runtime, recipe.data.batch_size,
-                                                     compiled=recipe.trainer.compile_optimizer),
+                                                     compiled=bool(t.compile_optimizer)),
             schedulers=[schedule], loss_fn=built.loss_fn, metrics=built.metrics, algorithms=algorithms,
-            callbacks=callbacks, loggers=loggers, durations=_options(Durations, t), step=step_options(t),
-            checkpoints=CheckpointOptions(load_path=t.load_path, autoresume=t.autoresume, io=io,
-                                          hyperparameters=hyperparameters, load_mode=t.load_mode),
-            parallel=ParallelOptions(sync_batchnorm=t.sync_batchnorm, fsdp=t.fsdp if runtime.world.sharded else None),
+            callbacks=callbacks, loggers=loggers, durations=group_from(Durations, t), step=step_options(t),
+            checkpoints=group_from(CheckpointOptions, t, hyperparameters=hyperparameters,
+                                   save_folder=str(run_dir / "checkpoints") if t.checkpoints else None),
+            # trainer.fsdp is read under parallelism=fsdp only (docs/distributed.md)
+            parallel=group_from(ParallelOptions, t, fsdp=t.fsdp if runtime.world.sharded else FSDPOptions()),
             quality=TASKS[recipe.task].quality))
     except ValueError as e:
         if isinstance(e, ConfigError):

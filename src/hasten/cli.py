@@ -23,7 +23,7 @@ from pathlib import Path
 import yaml
 from rich.console import Console
 
-from . import __version__
+from .version import __version__
 from .bench.ladder import ladder_markdown, ladder_plot, ladder_specs
 from .bench.report import latest_per_run, resolve_target, write_report
 from .bench.runner import BenchInterrupted, Spec, check_earlier_runs, outcome, run_comparison, unique_labels
@@ -31,7 +31,8 @@ from .bench.target import Target
 from .build import build_algorithms, build_run
 from .compress.artifact import require_artifact
 from .compress.pipeline import compress_run, evaluate_artifact
-from .config import available_recipes, check_time, load_recipe, suggest, to_dict
+from .config import available_recipes, load_recipe, to_dict
+from .schema import check_time, suggest
 from .core import Time, TimeUnit
 from .core.algorithm import parallel_refusal_message
 from .distributed.world import leave_worker

@@ -9,79 +9,44 @@ allowed, and suggests the closest match.
 from __future__ import annotations
 
 import dataclasses
-import warnings
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
-from typing import Any, Literal, Optional, Union
+from typing import Any, Literal, Optional
 
 import yaml
 
-from .core.time import Time
+from .assembly.options import CheckpointOptions, Durations, ParallelOptions, StepOptions
 from .distributed.fsdp import FSDPOptions
 from .errors import ConfigError, brief
 from .registry import ALGORITHMS, TASKS
-from .microbatch import size_problem
 from .runtime import names_float8
 from .usercode import CODE_KEYS, origins_of
-# the schema helpers live in a leaf module (tasks import them without importing this one);
-# check_time, coerce and from_dict are re-exported here for existing users
-from .schema import (NUMBER, DataSection, ModelSection, UnknownKey, check_time, coerce, device_string,  # noqa: F401
-                     fractions_below_one, from_dict, reference_table, setting, signature_config, suggest,
-                     three_numbers)
+# the schema helpers live in a leaf module (tasks import them without importing this one)
+from .schema import (NUMBER, DataSection, ModelSection, UnknownKey, coerce, device_string, fractions_below_one,
+                     from_dict, recipe_section, reference_table, setting, signature_config, suggest, three_numbers)
 
-RECIPE_SCHEMA_VERSION = 2   # recipe.yaml files in run folders record it; raised when keys are renamed (2: nested optimizer keys)
+RECIPE_SCHEMA_VERSION = 3   # recipe.yaml files in run folders record it; raised when keys move (2: nested optimizer
+                            # keys; 3: trainer.fsdp.activation_checkpointing -> trainer.activation_checkpointing)
 
 
 # ------------------------------------------------------------------------------ sections
-FSDPSettings = FSDPOptions   # the `trainer.fsdp` section is hasten.distributed.FSDPOptions (its 0.1 name)
-
-
 @dataclass
-class TrainerConfig:
-    """The `trainer` section: how long, how often, on what, with which precision."""
-    max_duration: str = setting("1ep", time=True)
-    """Length of the run in typed time: ep, ba, sp, tok, or wall-clock s/m/h (not dur)."""
-    eval_interval: str = setting("1ep", interval=True)
-    """How often to evaluate (typed time; dur fractions allowed)."""
-    log_interval: str = setting("50ba", interval=True)
-    """How often to log the training loss and throughput (typed time)."""
+class RunSettings:
+    """The trainer section's own keys (the rest are the Trainer's options, hasten.assembly.options):
+    on what the run computes, where it lives, and what it reports."""
     precision: Literal["fp32", "bf16-mixed", "fp16-mixed", "auto"] = "fp32"
     """auto: bf16-mixed where the hardware has bf16 (CUDA, AVX512-BF16/AMX CPUs), fp32 elsewhere."""
     device: str = setting("auto", check=device_string)
     """auto (CUDA, then MPS, then CPU), cpu, cuda, cuda:N or mps."""
-    compile: bool = False
-    """Run the forward pass under torch.compile."""
     compile_mode: Optional[Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"]] = None
     """torch.compile's mode, with compile: true (reduce-overhead and max-autotune capture CUDA graphs on a GPU: fewer launches a step); default: torch's."""
-    compile_optimizer: bool = False
-    """Run each optimizer's step under torch.compile, learning rates held as tensors so schedules do not recompile it (fewer launches and less host time a step on a GPU; see docs/trainer.md)."""
-    grad_accum: int = setting(1, ge=1)
-    """Split each batch into this many micro-batches (the same step as one large batch)."""
-    microbatch: Union[int, Literal["auto"], None] = None
-    """Compute each step in micro-batches of this many samples (the same step, less memory), or auto: halve and redo a step that runs out of memory (not with grad_accum)."""
-    activation_checkpointing: bool = False
-    """Recompute each block's activations in the backward pass instead of keeping them (less memory, more time); with or without FSDP."""
-    memory_limit: Union[int, str, None] = setting(None, check=size_problem)
-    """Out of memory on a CPU: the bytes of activations one micro-batch may save for backward (e.g. 512MB); what microbatch=auto reacts to there."""
-    grad_clip_norm: Optional[float] = setting(None, gt=0)
-    """Clip the global gradient norm to this value (adds a GradientClipping algorithm)."""
     seed: int = setting(0, ge=0)
     """Seed of model initialisation, data order and augmentation."""
     run_dir: Optional[str] = None
     """The run folder; default runs/RECIPE-DATE-TIME."""
-    save_interval: Optional[str] = setting(None, interval=True)
-    """How often to write a checkpoint; default: at evaluation points and at the end."""
-    keep_last: int = setting(1, ge=1)
-    """How many of the run's latest checkpoints to keep."""
     checkpoints: bool = True
     """false: write no checkpoints (benchmarks)."""
-    autoresume: bool = False
-    """Continue from the newest checkpoint in run_dir (hasten train --resume RUN_DIR sets it)."""
-    load_path: Optional[str] = None
-    """Start from this checkpoint, or the latest in a run folder or a folder of checkpoints, or a Hugging Face save_pretrained folder; the run gets its own folder."""
-    load_mode: Literal["full", "weights"] = "full"
-    """full: the checkpoint's weights, optimizer and clock; weights: only the model's tensors that fit by name and shape (fine-tuning from another task's run)."""
     progress_bar: bool = True
     """Show a progress bar with throughput."""
     tensorboard: bool = True
@@ -96,14 +61,23 @@ class TrainerConfig:
     """torch.set_num_threads; default: leave as it is."""
     parallelism: Literal["auto", "none", "ddp", "fsdp"] = "auto"
     """How processes launched by torchrun train together: ddp (data-parallel), fsdp (data-parallel, model sharded), none, or auto (ddp with more than one process)."""
-    fsdp: FSDPOptions = field(default_factory=FSDPOptions)
-    """Sharded training's settings (trainer.fsdp.*), read under parallelism=fsdp."""
-    sync_batchnorm: bool = False
-    """Under ddp: batch norm over the whole global batch (torch SyncBatchNorm, CUDA only); off: each rank's share (ghost batch norm)."""
     dist_timeout_s: float = setting(600.0, gt=0)
     """Bound on every collective: a lost rank stops the others with an error after this many seconds."""
     host_allocator: Literal["auto", "tuned", "default"] = "auto"
     """glibc malloc settings; auto: tuned for CPU runs (hasten.allocator). hasten train/bench apply it; a Python Trainer leaves malloc alone unless asked."""
+
+
+# The `trainer` section: the Trainer's option groups (each option declared once, with its range
+# and docstring, in hasten.assembly.options) and the run's own settings. A run folder keeps only
+# its latest checkpoint by default (a Python Trainer's Checkpoint keeps two).
+TrainerConfig = recipe_section(
+    "TrainerConfig", "The `trainer` section: how long, how often, on what, with which precision.",
+    (Durations, StepOptions, CheckpointOptions, ParallelOptions, RunSettings), defaults={"keep_last": 1},
+    order=("max_duration", "eval_interval", "log_interval", "precision", "device", "compile", "compile_mode",
+           "compile_optimizer", "grad_accum", "microbatch", "activation_checkpointing", "memory_limit",
+           "grad_clip_norm", "seed", "run_dir", "save_interval", "keep_last", "checkpoints", "autoresume", "load_path",
+           "load_mode", "progress_bar", "tensorboard", "profile", "mlflow", "wandb", "threads", "parallelism", "fsdp",
+           "sync_batchnorm", "dist_timeout_s", "host_allocator"))
 
 
 @dataclass
@@ -191,7 +165,7 @@ class OptimizerConfig:
 
 OPTIMIZER_FAMILIES = ("sgd", "adam", "muon")   # the optimizer's sub-sections
 
-# flat keys of hasten 0.1 -> their place now (optimizer.<old> -> optimizer.<family>.<new>)
+# schema_version 1 (run folders written before the optimizer's sub-sections): flat keys -> their place now
 FLAT_OPTIMIZER_KEYS = {
     "momentum": ("sgd", "momentum"), "nesterov": ("sgd", "nesterov"), "per_example": ("sgd", "per_example"),
     "betas": ("adam", "betas"), "eps": ("adam", "eps"),
@@ -200,34 +174,13 @@ FLAT_OPTIMIZER_KEYS = {
 }
 
 
-def nest_optimizer_keys(opt: dict, where: str, warn: bool = True) -> dict:
-    """Move hasten 0.1's flat optimizer keys (`optimizer.muon_lr`) to their sub-sections
-    (`optimizer.muon.lr`), warning with the new name unless `warn` is false (run folders
-    written by 0.1 are read silently). A key given both ways is an error."""
-    if not isinstance(opt, dict):
-        return opt
+def _nest_optimizer_keys(opt: dict) -> dict:
+    """A version-1 optimizer section with its flat keys (`muon_lr`) moved to their sub-sections."""
     out = {k: (dict(v) if isinstance(v, dict) and k in OPTIMIZER_FAMILIES else v) for k, v in opt.items()}
     for old, (family, new) in FLAT_OPTIMIZER_KEYS.items():
-        if old not in out:
-            continue
-        value = out.pop(old)
-        section = out.setdefault(family, {})
-        if not isinstance(section, dict):
-            raise ConfigError(f"optimizer.{family} must be a section (key: value), got {brief(section)}")
-        if new in section:
-            raise ConfigError(f"recipe {where}: optimizer.{old} and optimizer.{family}.{new} are the same setting; "
-                              f"keep optimizer.{family}.{new}")
-        section[new] = value
-        if warn:
-            _warn_flat_key(f"recipe {where}", old)
+        if old in out:
+            out.setdefault(family, {})[new] = out.pop(old)
     return out
-
-
-def _warn_flat_key(where: str, old: str) -> list[str]:
-    """Warn that optimizer.OLD (a hasten 0.1 flat key) moved; its keys now."""
-    family, new = FLAT_OPTIMIZER_KEYS[old]
-    warnings.warn(f"{where}: optimizer.{old} is deprecated, use optimizer.{family}.{new}", FutureWarning, stacklevel=3)
-    return ["optimizer", family, new]
 
 
 @dataclass
@@ -407,21 +360,28 @@ def check_expanded_size(value, where: str, limit: int = MAX_RECIPE_VALUES) -> No
 
 
 def _migrate(raw: dict, where: str) -> dict:
-    """Bring a recipe written by an older hasten to the current keys: version 1 (hasten 0.1)
-    had flat optimizer keys (`optimizer.muon_lr`), nested since version 2."""
+    """Bring a recipe that states an older `schema_version` (a run folder's recipe.yaml) to the
+    current keys: version 1 had flat optimizer keys (`optimizer.muon_lr`, nested since version
+    2); versions 1-2 kept activation checkpointing under `trainer.fsdp` (`trainer.activation_checkpointing`
+    since version 3). A recipe without `schema_version` is read as the current version."""
     stated = "schema_version" in raw
     version = raw.pop("schema_version", RECIPE_SCHEMA_VERSION)
-    if not isinstance(version, int) or version < 1:
+    if not isinstance(version, int) or isinstance(version, bool) or version < 1:
         raise ConfigError(f"recipe {where}: schema_version {brief(version)} must be a whole number >= 1")
     if version > RECIPE_SCHEMA_VERSION:
         raise ConfigError(f"recipe {where} was written by a newer hasten (schema_version {version}, this one reads "
                           f"up to {RECIPE_SCHEMA_VERSION}); upgrade hasten to read it")
     if stated and version < 2 and isinstance(raw.get("optimizer"), dict):
-        # a 0.1 run folder's recipe lists every flat key, defaults included: keep the sub-sections its optimizer uses
-        opt = nest_optimizer_keys(raw["optimizer"], where, warn=False)
+        # a version-1 run folder's recipe lists every flat key, defaults included: keep the sub-sections its optimizer uses
+        opt = _nest_optimizer_keys(raw["optimizer"])
         probe = OptimizerConfig(name=opt.get("name", "adamw"),
                                 muon=MuonSettings(others=(opt.get("muon") or {}).get("others", "adamw")))
         raw["optimizer"] = {k: v for k, v in opt.items() if k not in OPTIMIZER_FAMILIES or probe.uses(k)}
+    trainer = raw.get("trainer")
+    if stated and version < 3 and isinstance(trainer, dict) and isinstance(trainer.get("fsdp"), dict):
+        trainer["fsdp"] = dict(trainer["fsdp"])
+        if trainer["fsdp"].pop("activation_checkpointing", False):
+            trainer["activation_checkpointing"] = True
     return raw
 
 
@@ -430,8 +390,6 @@ def load_recipe(name_or_path: str, overrides: list[str] = ()) -> Recipe:
     raw, name, origins = _read_raw(name_or_path)
     for text in overrides:
         keys, value = parse_override(text)
-        if len(keys) == 2 and keys[0] == "optimizer" and keys[1] in FLAT_OPTIMIZER_KEYS:   # 0.1's flat key
-            keys = _warn_flat_key(f"override {text}", keys[1])
         apply_override(raw, keys, value)
     for key in code_keys_set_by(overrides):   # named on the command line: the user's own
         origins.pop(key, None)
@@ -466,6 +424,10 @@ def validate(raw: dict, tasks: dict | None = None, algorithms: dict | None = Non
     try:
         return _validate(raw, tasks, algorithms)
     except UnknownKey as e:
+        if e.section == "optimizer" and e.key in FLAT_OPTIMIZER_KEYS:   # a key that moved at schema_version 2
+            family, new = FLAT_OPTIMIZER_KEYS[e.key]
+            raise ConfigError(f"optimizer.{e.key} is optimizer.{family}.{new} since recipes nest each optimizer's "
+                              f"settings: write optimizer.{family}.{new}") from None
         homes = _homes_of(e.key, e.section, tasks.get(raw.get("task")) if isinstance(raw.get("task"), str) else None)
         if not homes:
             raise
@@ -495,7 +457,7 @@ def _validate(raw: dict, tasks: dict, algorithms: dict | None) -> Recipe:
         raise ConfigError(f"task: {task_name!r} is not a known task; choose one of {sorted(tasks)}."
                           + suggest(task_name, tasks))
     spec = tasks[task_name]
-    opt_raw = nest_optimizer_keys(raw["optimizer"], where) if isinstance(raw.get("optimizer"), dict) else raw.get("optimizer")
+    opt_raw = raw.get("optimizer")
     opt = from_dict(OptimizerConfig, opt_raw, "optimizer")
     for family in OPTIMIZER_FAMILIES:
         given = (opt_raw or {}).get(family)
@@ -514,9 +476,6 @@ def _validate(raw: dict, tasks: dict, algorithms: dict | None) -> Recipe:
                           "algorithm on top of bf16-mixed: trainer.precision=bf16-mixed algorithms.float8_training={} "
                           "(docs/methods/float8_training.md)")
     trainer = from_dict(TrainerConfig, raw.get("trainer"), "trainer")
-    if Time.parse(trainer.max_duration).unit.value == "dur":
-        raise ConfigError(f"trainer.max_duration: {trainer.max_duration!r} is a fraction of the run; "
-                          "give ep, ba, sp, tok or s/m/h")
     algos = {}
     algo_raw = coerce(raw.get("algorithms"), dict, "algorithms")
     for algo_name, params in algo_raw.items():

@@ -17,6 +17,10 @@ class ConfigError(HastenError, ValueError):
     """A recipe, override or argument that is not allowed."""
 
 
+class ArgumentTypeError(ConfigError, TypeError):
+    """An argument of another type than the option takes (a ValueError and a TypeError alike)."""
+
+
 class CheckpointError(HastenError, RuntimeError):
     """A checkpoint that cannot be written or read, or belongs to something else."""
 

@@ -7,12 +7,15 @@ files differ from it. Bench records and benchmark result files carry it; reports
 """
 from __future__ import annotations
 
+import datetime
 import functools
 import hashlib
+import os
 import subprocess
 from pathlib import Path
 
-from . import __version__
+from .hardware import cpu_features, cpu_name, kernel_caps
+from .version import __version__
 
 _PACKAGE = Path(__file__).resolve().parent
 
@@ -68,14 +71,12 @@ PROVENANCE_FIELDS = ("commit", "dirty", "machine", "started", "comparison", "ord
 
 def machine_identity() -> dict:
     """The machine a figure holds for: CPU model and the flags that decide speed, cores, GPU."""
-    from .hardware import cpu_features, cpu_name, kernel_caps
     gpu = None
     try:
         import torch
         gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else None
     except ImportError:
         pass
-    import os
     return {"cpu": cpu_name(), "flags": cpu_features(), "kernel_caps": kernel_caps(), "cores": os.cpu_count(),
             "gpu": gpu}
 
@@ -84,7 +85,6 @@ def run_provenance(comparison: "str | None" = None, order: "int | None" = None, 
     """The PROVENANCE_FIELDS of a run starting now: `comparison` names the results folder it was
     made for (a record found in another folder was copied there); `order` its place among that
     comparison's runs (0-based), when the writer knows it."""
-    import datetime
     code = code_version()
     return {"commit": code["commit"], "dirty": code["dirty"], "machine": machine_identity(),
             "started": started or datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="microseconds"),

@@ -20,7 +20,7 @@ import typing
 from typing import Any, Callable, Literal, Protocol, Union
 
 from .core.time import Time
-from .errors import ConfigError, brief
+from .errors import ArgumentTypeError, ConfigError, brief
 
 _MISSING = dataclasses.MISSING
 NUMBER = re.compile(r"^[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)$")
@@ -47,15 +47,20 @@ def suggest(key: str, allowed) -> str:
 
 
 def setting(default: Any = _MISSING, *, default_factory: Any = _MISSING, ge=None, gt=None, le=None, lt=None,
-            time: bool = False, interval: bool = False, check: Callable[[Any], "str | None"] | None = None):
+            time: bool = False, interval: bool = False, check: Callable[[Any], "str | None"] | None = None,
+            recipe: bool = True):
     """A dataclass field with its allowed values: bounds (ge, gt, le, lt), `time=True` for a
     typed-time string ("500ba", "2ep", "0.5dur"), `interval=True` for a typed time that must be
-    longer than zero (how often something happens), and `check(value) -> error text or None`."""
+    longer than zero (how often something happens), and `check(value) -> error text or None`.
+    `recipe=False`: a Python-only option (a function, an object), left out of a recipe section
+    made from its class (`recipe_section`)."""
     meta = {k: v for k, v in (("ge", ge), ("gt", gt), ("le", le), ("lt", lt), ("check", check)) if v is not None}
     if time or interval:
         meta["time"] = True
     if interval:
         meta["interval"] = True
+    if not recipe:
+        meta["recipe"] = False
     return dataclasses.field(default=default, default_factory=default_factory, metadata=meta)
 
 
@@ -65,23 +70,51 @@ def _range(meta: dict) -> str:
     return " and ".join(x for x in (lo, hi) if x)
 
 
-def check_setting(f: dataclasses.Field, value: Any, path: str) -> None:
-    """Raise ConfigError when `value` breaks what field `f` declares (None is always allowed
-    where the type allows it)."""
+def setting_problem(f: dataclasses.Field, value: Any) -> "str | None":
+    """What is wrong with `value` for field `f` by what it declares (range, typed time, check),
+    as the rest of a sentence about the value; None when nothing is (None always passes)."""
     meta = f.metadata
     if value is None or not meta:
-        return
+        return None
+    if "check" in meta and meta["check"](value):   # its own words first, where the field has them
+        return meta["check"](value)
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         bad = (("ge" in meta and not value >= meta["ge"]) or ("gt" in meta and not value > meta["gt"])
                or ("le" in meta and not value <= meta["le"]) or ("lt" in meta and not value < meta["lt"]))
         if bad:
-            raise ConfigError(f"{path}: {brief(value)} is out of range; it must be {_range(meta)}")
+            return f"is out of range; it must be {_range(meta)}"
     if meta.get("time"):
-        check_time(value, path, positive=meta.get("interval", False))
-    if "check" in meta:
-        problem = meta["check"](value)
+        try:
+            check_time(value, "", positive=meta.get("interval", False))
+        except ConfigError as e:
+            return str(e)[2:]   # check_time's words (they quote the value) without its empty path
+    return None
+
+
+def check_setting(f: dataclasses.Field, value: Any, path: str) -> None:
+    """Raise ConfigError when `value` breaks what field `f` declares (None is always allowed
+    where the type allows it)."""
+    problem = setting_problem(f, value)
+    if problem:
+        quoted = problem.startswith(brief(value))
+        raise ConfigError(f"{path}: {problem}" if quoted else f"{path}: {brief(value)} {problem}")
+
+
+def check_arguments(obj) -> None:
+    """The fields of an option group built in Python (a Trainer's keywords), each against its
+    declaration: a value of another type is a TypeError, a value the field does not allow a
+    ConfigError (a ValueError); both name it as `field=value` and say what it takes."""
+    hints = typing.get_type_hints(type(obj))
+    for f in dataclasses.fields(obj):
+        value, tp = getattr(obj, f.name), hints[f.name]
+        try:
+            coerce(value, tp, f.name)
+        except ConfigError:
+            raise ArgumentTypeError(f"{f.name}={brief(value)}: expected {_type_name(tp)}") from None
+        problem = setting_problem(f, value)
         if problem:
-            raise ConfigError(f"{path}: {brief(value)} {problem}")
+            raise ConfigError(f"{f.name}: {problem}" if problem.startswith(brief(value))
+                              else f"{f.name}={brief(value)}: {problem}")
 
 
 def check_dataclass(obj, path: str = "") -> None:
@@ -180,7 +213,7 @@ def coerce(value: Any, tp, path: str):
         return {coerce(k, key_type, f"{path}") if key_type is not Any else k: coerce(v, value_type, f"{path}.{k}")
                 for k, v in value.items()}
     if dataclasses.is_dataclass(tp):
-        return from_dict(tp, value, path)
+        return value if isinstance(value, tp) else from_dict(tp, value, path)
     if tp is bool:
         if not isinstance(value, bool):
             raise ConfigError(f"{path}: expected true or false, got {brief(value)}")
@@ -267,9 +300,12 @@ def check_time(value: str, path: str, positive: bool = False) -> Time:
 
 # ---------------------------------------------------------------------------- the reference
 def field_docs(cls) -> dict[str, str]:
-    """The docstring under each field of dataclass `cls` (and its bases), read from the source."""
+    """The docstring under each field of dataclass `cls` (and its bases), read from the source
+    (a class made by `recipe_section` carries those of the classes it was made from)."""
     import ast
     import textwrap
+    if "__field_docs__" in vars(cls):
+        return dict(cls.__field_docs__)
     out: dict[str, str] = {}
     for klass in reversed(cls.__mro__):
         if not dataclasses.is_dataclass(klass):
@@ -308,6 +344,14 @@ def _allowed(f: dataclasses.Field, tp) -> str:
     return ", ".join(parts)
 
 
+def _yaml_type(tp):
+    """`tp` as a recipe can give it: the Python-only members of a union (Time, objects) left out."""
+    if typing.get_origin(tp) in (Union, types.UnionType):
+        kept = tuple(a for a in typing.get_args(tp) if not (isinstance(a, type) and a.__module__.startswith("hasten")))
+        return Union[kept] if len(kept) > 1 else kept[0]
+    return tp
+
+
 def reference_table(cls, section: str) -> str:
     """A markdown table of `cls`'s fields: key, type, default, allowed values, description."""
     hints, docs = typing.get_type_hints(cls), field_docs(cls)
@@ -316,7 +360,50 @@ def reference_table(cls, section: str) -> str:
         tp = hints[f.name]
         if dataclasses.is_dataclass(tp):   # a sub-section: its own table
             continue
-        kind = "choice" if typing.get_origin(tp) is Literal else _type_name(tp)
+        kind = "choice" if typing.get_origin(tp) is Literal else _type_name(_yaml_type(tp))
         rows.append(f"| `{section}.{f.name}` | {kind} | `{_default(f)}` | {_allowed(f, tp)} | "
                     f"{docs.get(f.name, '').replace('|', '/')} |")
     return "\n".join(rows)
+
+
+def recipe_section(name: str, doc: str, groups: tuple, defaults: "dict[str, Any] | None" = None,
+                   order: "tuple[str, ...] | None" = None) -> type:
+    """A recipe section made of option groups: a dataclass with every field of `groups` that a
+    recipe can hold (not `recipe=False`), each as its group declares it (type, range,
+    docstring), so an option is declared once and read by the Python API and the recipe alike.
+    `defaults`: the few fields whose default differs in a recipe, by name; `order`: the fields'
+    order in the section (and in the reference, and in a run folder's recipe.yaml), all of them."""
+    defaults = dict(defaults or {})
+    fields, docs, seen = [], {}, set()
+    for group in groups:
+        hints, group_docs = typing.get_type_hints(group), field_docs(group)
+        for f in dataclasses.fields(group):
+            if f.metadata.get("recipe", True) is False:
+                continue
+            if f.name in seen:
+                raise TypeError(f"{name}: {f.name} is declared by two groups")
+            seen.add(f.name)
+            if f.name in defaults:
+                made = dataclasses.field(default=defaults.pop(f.name), metadata=f.metadata)
+            elif f.default_factory is not _MISSING:
+                made = dataclasses.field(default_factory=f.default_factory, metadata=f.metadata)
+            else:
+                made = dataclasses.field(default=f.default, metadata=f.metadata)
+            fields.append((f.name, hints[f.name], made))
+            docs[f.name] = group_docs.get(f.name, "")
+    if defaults:
+        raise TypeError(f"{name}: defaults for fields it does not have: {sorted(defaults)}")
+    if order is not None:
+        if sorted(order) != sorted(seen):
+            raise TypeError(f"{name}: order lists {sorted(set(order) ^ seen)} differently from the groups' fields")
+        fields.sort(key=lambda f: order.index(f[0]))
+    cls = dataclasses.make_dataclass(name, fields)
+    cls.__doc__, cls.__field_docs__, cls.__groups__ = doc, docs, groups
+    return cls
+
+
+def group_from(group: type, section, **given):
+    """The option group `group` from a recipe section made of it (`recipe_section`): each of its
+    recipe fields read from the section by name (the section has them all), plus `given`."""
+    values = {f.name: getattr(section, f.name) for f in dataclasses.fields(group) if f.metadata.get("recipe", True)}
+    return group(**{**values, **given})

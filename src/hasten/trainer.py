@@ -19,21 +19,19 @@ from typing import Any, Callable, Iterable, Sequence
 import torch
 
 from .arguments import check_loader, listed
-from .assemble import (CheckpointOptions, Durations, Parts, StepOptions, assemble, newest_in,
-                       on_this_rank, resume_from, runtime_for)
+from .assembly import (CheckpointOptions, Durations, ParallelOptions, Parts, StepOptions, assemble,
+                       captures_cuda_graphs, newest_in, on_this_rank, resume_from, runtime_for)
 from .checkpoint import save
 from .core import Algorithm, Event, State, Time, TimeUnit
-from .data.batches import (batch_size, cut, forward, inputs_targets, shard_batch, share_range, split_batch, to_device,
-                           token_count)
+from .data.batches import (batch_size, cut, forward, shard_batch, share_range, split_batch, to_device)
 from .data.resumable import epoch_iterator
 from .data.sharding import RankShare, last_batch_size, own_sharing
-from .distributed.prepare import ParallelOptions, captures_cuda_graphs
 from .distributed.world import all_sum
 from .errors import CheckpointError, TrainingError
-from .loss import IGNORE_INDEX, checked_loss, default_loss, logits_of, loss_fault  # noqa: F401  (loss_fault: re-exported)
+from .loss import IGNORE_INDEX, checked_loss, default_loss, logits_of
 from .microbatch import ActivationBudget, StepSnapshot, average_gradients, halved, micro_count, parse_bytes
 from .optim.compiled import compile_steps, hold_lrs
-from .runtime import PRECISIONS, Runtime  # noqa: F401  (PRECISIONS: re-exported)
+from .runtime import Runtime
 
 # Events as module constants: looking members up on an Enum class is slow in Python 3.11.
 (AFTER_BACKWARD, AFTER_DATALOADER, AFTER_FORWARD, AFTER_LOSS, AFTER_OPTIM_STEP, BATCH_END, BATCH_START, BEFORE_BACKWARD, BEFORE_DATALOADER, BEFORE_FORWARD, BEFORE_LOSS, BEFORE_OPTIM_STEP, CHECKPOINT, EPOCH_END, EPOCH_START, EVAL_BATCH_END, EVAL_BATCH_START, EVAL_END, EVAL_START, FIT_END, FIT_START, INIT, PREDICT_BATCH_END, PREDICT_END, PREDICT_START) = (
@@ -89,50 +87,81 @@ class Trainer:
         arguments); learning rates are then held as tensors on the parameters' device, which
         the schedules write in place, so the step compiles once (hasten.optim.compiled).
 
-    The keywords are grouped (hasten.assemble: Durations, StepOptions, CheckpointOptions,
-    ParallelOptions) and handed to `hasten.assemble.assemble`, the one place a run is put
-    together; `Trainer.from_parts(assemble(...))` is the same Trainer without the keywords.
+    The keywords are the option groups of hasten.assembly.options (Durations, StepOptions,
+    CheckpointOptions, ParallelOptions), where each is declared once with its range and
+    docstring, and are handed to `hasten.assembly.assemble`, the one place a run is put
+    together; `Trainer.from_parts(assemble(...))` is the same Trainer without the keywords. The
+    Trainer holds those parts (`trainer.parts`) and reads them through the attributes below.
     """
 
     def __init__(self, model: "torch.nn.Module | Callable[[], torch.nn.Module]", train_dataloader: Iterable | None = None,
                  optimizers: Any = None, schedulers: Any = None, loss_fn: Callable | None = None,
-                 max_duration: "str | Time" = "1ep", eval_dataloader: Iterable | None = None,
-                 eval_interval: "str | Time" = "1ep", metrics: dict | None = None, algorithms: Sequence = (),
-                 callbacks: Sequence = (), loggers: Sequence = (), precision: str | None = None,
-                 device: "str | torch.device | None" = None, compile: "bool | dict" = False, grad_accum: int = 1,
-                 grad_clip_norm: float | None = None, seed: int | None = None, save_folder: str | None = None,
-                 save_interval: "str | Time | None" = None, load_path: str | None = None, autoresume: bool = False,
-                 log_interval: "str | Time" = "50ba", batch_fn: Callable = inputs_targets,
-                 count_tokens: Callable = token_count, checkpoint_io=None, host_allocator: str | None = None,
-                 runtime: Runtime | None = None, sync_batchnorm: bool = False, fsdp: "dict | None" = None,
-                 quality: "tuple[str, str] | None" = None, microbatch: "int | str | None" = None,
-                 memory_limit: "int | str | None" = None, activation_checkpointing: bool = False,
-                 compile_optimizer: "bool | dict" = False):
-        step = StepOptions(grad_accum, grad_clip_norm, compile, batch_fn, count_tokens, microbatch,
-                           memory_limit, activation_checkpointing, compile_optimizer)   # checks grad_accum first
+                 max_duration: "str | Time" = Durations.max_duration, eval_dataloader: Iterable | None = None,
+                 eval_interval: "str | Time" = Durations.eval_interval, metrics: dict | None = None,
+                 algorithms: Sequence = (), callbacks: Sequence = (), loggers: Sequence = (),
+                 precision: str | None = None, device: "str | torch.device | None" = None,
+                 compile: "bool | dict" = StepOptions.compile, grad_accum: int = StepOptions.grad_accum,
+                 grad_clip_norm: float | None = StepOptions.grad_clip_norm, seed: int | None = None,
+                 save_folder: str | None = CheckpointOptions.save_folder,
+                 save_interval: "str | Time | None" = CheckpointOptions.save_interval,
+                 load_path: str | None = CheckpointOptions.load_path, autoresume: bool = CheckpointOptions.autoresume,
+                 log_interval: "str | Time" = Durations.log_interval, batch_fn: Callable = StepOptions.batch_fn,
+                 count_tokens: Callable = StepOptions.count_tokens, checkpoint_io=CheckpointOptions.io,
+                 host_allocator: str | None = None, runtime: Runtime | None = None,
+                 sync_batchnorm: bool = ParallelOptions.sync_batchnorm, fsdp: "dict | None" = None,
+                 quality: "tuple[str, str] | None" = None, microbatch: "int | str | None" = StepOptions.microbatch,
+                 memory_limit: "int | str | None" = StepOptions.memory_limit,
+                 activation_checkpointing: bool = StepOptions.activation_checkpointing,
+                 compile_optimizer: "bool | dict" = StepOptions.compile_optimizer):
+        step = StepOptions(grad_accum=grad_accum, grad_clip_norm=grad_clip_norm, compile=compile, batch_fn=batch_fn,
+                           count_tokens=count_tokens, microbatch=microbatch, memory_limit=memory_limit,
+                           activation_checkpointing=activation_checkpointing, compile_optimizer=compile_optimizer)
         self._adopt(assemble(
             model, runtime_for(runtime, device=device, precision=precision, seed=seed, host_allocator=host_allocator),
             train_dataloader=train_dataloader, eval_dataloader=eval_dataloader, optimizers=optimizers,
             schedulers=schedulers, loss_fn=loss_fn, metrics=metrics, algorithms=algorithms, callbacks=callbacks,
-            loggers=loggers, durations=Durations(max_duration, eval_interval, log_interval), step=step,
-            checkpoints=CheckpointOptions(save_folder, save_interval, load_path, autoresume, checkpoint_io),
-            parallel=ParallelOptions(sync_batchnorm, fsdp), quality=quality))
+            loggers=loggers, durations=Durations(max_duration=max_duration, eval_interval=eval_interval,
+                                                 log_interval=log_interval), step=step,
+            checkpoints=CheckpointOptions(save_folder=save_folder, save_interval=save_interval, load_path=load_path,
+                                          autoresume=autoresume, io=checkpoint_io),
+            parallel=ParallelOptions(sync_batchnorm=sync_batchnorm, fsdp=fsdp or {}), quality=quality))
 
     @classmethod
     def from_parts(cls, parts: Parts) -> "Trainer":
-        """A Trainer over parts `hasten.assemble.assemble` made (what build.py does)."""
+        """A Trainer over parts `hasten.assembly.assemble` made (what hasten.build does)."""
         trainer = cls.__new__(cls)
         trainer._adopt(parts)
         return trainer
 
+    # the parts, as the Trainer reads them (hasten.assembly.Parts holds them)
+    state = property(lambda self: self.parts.state, doc="The training state (hasten.core.State).")
+    engine = property(lambda self: self.parts.engine, doc="The event engine: algorithms and callbacks in order.")
+    logger = property(lambda self: self.parts.logger, doc="The loggers (a LogHub).")
+    runtime = property(lambda self: self.parts.runtime, doc="Device, precision, seed, world (hasten.Runtime).")
+    world = property(lambda self: self.parts.runtime.world, doc="This process's place among the run's processes.")
+    device = property(lambda self: self.parts.runtime.device, doc="The device the run trains on.")
+    metrics = property(lambda self: self.parts.metrics, doc="The evaluation metrics, by name.")
+    eval_interval = property(lambda self: self.parts.eval_interval, doc="When to evaluate (an Interval).")
+    log_interval = property(lambda self: self.parts.log_interval, doc="When to log (an Interval).")
+    checkpoint_io = property(lambda self: self.parts.checkpoint_io, doc="What writes and reads checkpoints.")
+    checkpointer = property(lambda self: self.parts.checkpointer, doc="The Checkpoint callback, or None.")
+    save_folder = property(lambda self: self.parts.save_folder, doc="Where checkpoints go, or None.")
+    batch_fn = property(lambda self: self.parts.step.batch_fn, doc="batch -> (inputs, targets).")
+    count_tokens = property(lambda self: self.parts.step.count_tokens, doc="A step's targets -> its tokens.")
+    grad_clip_norm = property(lambda self: self.parts.step.grad_clip_norm, doc="The gradient norm clipped to, or None.")
+    host_allocator = property(lambda self: self.parts.runtime.allocator_report, doc="What was done to malloc.")
+
+    @property
+    def eval_dataloader(self):
+        """The evaluation batches, or None (no evaluation)."""
+        return self.parts.eval_dataloader
+
+    @eval_dataloader.setter
+    def eval_dataloader(self, loader) -> None:
+        self.parts.eval_dataloader = loader
+
     def _adopt(self, parts: Parts) -> None:
-        self.parts, self.state, self.engine, self.logger = parts, parts.state, parts.engine, parts.logger
-        self.runtime, self.world, self.device = parts.runtime, parts.runtime.world, parts.runtime.device
-        self.metrics, self.eval_dataloader = parts.metrics, parts.eval_dataloader
-        self.eval_interval, self.log_interval = parts.eval_interval, parts.log_interval
-        self.checkpoint_io, self.checkpointer, self.save_folder = parts.checkpoint_io, parts.checkpointer, parts.save_folder
-        self.batch_fn, self.count_tokens = parts.step.batch_fn, parts.step.count_tokens
-        self.grad_clip_norm, self.host_allocator = parts.step.grad_clip_norm, parts.runtime.allocator_report
+        self.parts = parts
         self._eval_model, self._grad_sync = parts.prepared.eval_model, parts.prepared.grad_sync
         self._stop = parts.stop
         # said after the checkpoint a signal wrote; hasten train prints its own (`--resume RUN`)

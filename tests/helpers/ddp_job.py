@@ -184,7 +184,7 @@ def main(model_name: str, out: str, grad_accum="1", sigterm_rank1_at="0", save: 
                    "last_checkpoint": tr.state.last_checkpoint, "kept": kept, "sample": tr.state.timestamp.sample,
                    "trapped_steps": trapped[0] if trapped else None}, f)
     if rt.world.sharded:   # gathered whole on rank 0 (a collective)
-        from hasten.fsdp import model_state
+        from hasten.distributed.fsdp import model_state
         weights = model_state(tr.state.model)
     else:
         weights = {k: v.clone() for k, v in tr.state.model.state_dict().items()}

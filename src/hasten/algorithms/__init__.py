@@ -11,13 +11,11 @@ import pkgutil as _pkgutil
 from ..core import Algorithm as _Algorithm
 from ..registry import ALGORITHMS as REGISTRY
 
-# old module names kept for code written against hasten 0.1 (each re-exports its new module)
-MOVED = {"grad_clipping": "gradient_clipping", "frozen_bn": "frozen_bn_scale", "chunked_ce": "chunked_cross_entropy"}
 # test instruments, not methods: no card, no functional form, no measured effect
 INSTRUMENTS = frozenset({"delay"})
 
 MODULES = tuple(_importlib.import_module(f"{__name__}.{m.name}") for m in sorted(_pkgutil.iter_modules(__path__))
-                if m.name not in MOVED and not m.name.startswith("_"))
+                if not m.name.startswith("_"))
 for _module in MODULES:
     globals().update({_name: getattr(_module, _name) for _name in _module.__all__})
 
@@ -28,5 +26,5 @@ def functional_forms(module) -> dict:
             if not (isinstance(getattr(module, n), type) and issubclass(getattr(module, n), _Algorithm))}
 
 
-__all__ = sorted(["INSTRUMENTS", "MODULES", "MOVED", "REGISTRY", "functional_forms",
+__all__ = sorted(["INSTRUMENTS", "MODULES", "REGISTRY", "functional_forms",
                   *(n for m in MODULES for n in m.__all__)])

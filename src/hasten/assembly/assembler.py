@@ -1,18 +1,13 @@
-"""The one assembler: from a model, its data and a few grouped options to the parts a
-Trainer trains with. `hasten train` (build.py), `hasten compress` and a Python user's
+"""The one assembler: from a model, its data and the grouped options to the parts a Trainer
+trains with. `hasten train` (hasten.build), `hasten compress` and a Python user's
 `Trainer(...)` all come through `assemble`; the Trainer itself only trains.
 
 In order: the runtime's seed again (the training stream does not depend on how much
 randomness building the model took), the model (a factory is called now), clipping as an
-algorithm, checkpoint writer and callback, the State, loggers and engine, then
-`hasten.distributed.prepare` (device, INIT, wrapping, optimizers), the stop coordinator, and
-last the checkpoint to resume from.
-
-The grouped options:
-- `Durations`: how long to train, how often to evaluate and log (typed time);
-- `StepOptions`: grad accumulation, gradient clipping, compilation, the batch contract;
-- `CheckpointOptions`: where and how often to save, what to load or resume;
-- `ParallelOptions` (hasten.distributed.prepare): SyncBatchNorm, FSDP's options.
+algorithm, the checkpoint writer and callback, which callbacks and loggers run on this rank,
+the State, loggers and engine, then `prepare` (device, INIT, wrapping, optimizers, compile),
+the stop coordinator, and last the checkpoint to resume from. Each of these rules is written
+here once; the options themselves are declared in hasten.assembly.options.
 """
 from __future__ import annotations
 
@@ -22,82 +17,22 @@ from typing import Any, Callable, Iterable, Sequence
 
 import torch
 
-from .algorithms.gradient_clipping import GradientClipping
-from .arguments import check_arguments, listed
-from .callbacks.checkpoint import INDEX, Checkpoint
-from .checkpoint import CheckpointIO, ShardedCheckpointIO, find_latest, load_latest, restore
-from .checkpoint.format import REST, load_weights
-from .core import Engine, Interval, State, Time, TimeUnit
-from .data.batches import inputs_targets, token_count
-from .distributed.fsdp import FSDPOptions
-from .distributed.prepare import ParallelOptions, Prepared, prepare
-from .distributed.stop import StopCoordinator
-from .errors import CheckpointError
-from .integrations.hf import is_pretrained_folder, load_pretrained_weights
-from .loggers import LogHub
-from .loss import default_loss
-from .microbatch import check_microbatch, initial_size, parse_bytes
-from .runtime import Runtime, make_runtime
-from .seeding import seed_everything
-
-
-@dataclass(frozen=True)
-class Durations:
-    """How long to train and how often to evaluate and log, in typed time."""
-    max_duration: "str | Time" = "1ep"
-    eval_interval: "str | Time" = "1ep"
-    log_interval: "str | Time" = "50ba"
-
-
-@dataclass(frozen=True)
-class StepOptions:
-    """How one optimizer step is computed."""
-    grad_accum: int = 1                        # micro-batches per step (the same step as one large batch)
-    grad_clip_norm: float | None = None        # clip the global gradient norm (adds a GradientClipping)
-    compile: "bool | dict" = False             # torch.compile the forward (a dict: its keyword arguments)
-    batch_fn: Callable = inputs_targets        # batch -> (inputs, targets)
-    count_tokens: Callable = token_count       # a step's targets -> its token count (the clock's tokens)
-    microbatch: "int | str | None" = None      # samples per micro-batch, or 'auto' (hasten.microbatch)
-    memory_limit: "int | str | None" = None    # activation bytes a micro-batch may save (CPU out of memory)
-    activation_checkpointing: bool = False     # recompute each block's activations in the backward pass
-    compile_optimizer: "bool | dict" = False   # torch.compile each optimizer's step (a dict: its keyword arguments)
-
-    def __post_init__(self):
-        if not isinstance(self.grad_accum, int) or self.grad_accum < 1:
-            raise ValueError(f"grad_accum must be a whole number >= 1, got {self.grad_accum!r}")
-        check_microbatch(self.microbatch)
-        if self.microbatch is not None and self.grad_accum != 1:
-            raise ValueError(f"give grad_accum ({self.grad_accum}) or microbatch ({self.microbatch!r}), not both: "
-                             "microbatch sets the accumulation from the batch size")
-        parse_bytes(self.memory_limit)
-        if not isinstance(self.compile_optimizer, (bool, dict)):
-            raise TypeError(f"compile_optimizer={self.compile_optimizer!r}: give True, False, or a dict of "
-                            "torch.compile's arguments")
-        if not isinstance(self.compile, (bool, dict)):
-            raise TypeError(f"compile={self.compile!r}: give True, False, or a dict of torch.compile's arguments, "
-                            "e.g. compile={'mode': 'max-autotune'}")
-        if self.grad_clip_norm is not None and not (isinstance(self.grad_clip_norm, (int, float))
-                                                    and self.grad_clip_norm > 0):
-            raise ValueError(f"grad_clip_norm={self.grad_clip_norm!r}: give the largest gradient norm, a number > 0, "
-                             "or None for no clipping")
-
-
-@dataclass(frozen=True)
-class CheckpointOptions:
-    """Where and how often to save, and what to start from."""
-    save_folder: str | None = None             # checkpoints go here (a Checkpoint callback is made)
-    save_interval: "str | Time | None" = None  # default: every epoch
-    load_path: str | None = None               # start from this checkpoint (weights, optimizer, clock)
-    autoresume: bool = False                   # continue from the newest checkpoint in save_folder
-    io: CheckpointIO | None = None             # default: one file per checkpoint (sharded under FSDP)
-    hyperparameters: str = "checkpoint"        # on resume, the optimizers' settings: the checkpoint's, or
-                                               # 'run': as built for this run (a forced change applied)
-    load_mode: str = "full"                    # load_path: 'full' (weights, optimizer, clock) or 'weights'
-                                               # (the model's tensors that fit by name and shape)
-
-    def __post_init__(self):
-        if self.load_mode not in ("full", "weights"):
-            raise ValueError(f"load_mode={self.load_mode!r}: use 'full' or 'weights'")
+from ..algorithms.gradient_clipping import GradientClipping
+from ..arguments import check_arguments, listed
+from ..callbacks.checkpoint import INDEX, Checkpoint
+from ..checkpoint import CheckpointIO, ShardedCheckpointIO, find_latest, load_latest, restore
+from ..checkpoint.format import REST, load_weights
+from ..core import Engine, Interval, State, Time
+from ..distributed.stop import StopCoordinator
+from ..errors import CheckpointError
+from ..integrations.hf import is_pretrained_folder, load_pretrained_weights
+from ..loggers import LogHub
+from ..loss import default_loss
+from ..microbatch import initial_size
+from ..runtime import Runtime, make_runtime
+from ..seeding import seed_everything
+from .options import CheckpointOptions, Durations, ParallelOptions, StepOptions
+from .prepare import Prepared, prepare
 
 
 @dataclass
@@ -149,15 +84,13 @@ def assemble(model: "torch.nn.Module | Callable[[], torch.nn.Module]", runtime: 
         if any(isinstance(a, GradientClipping) and a.mode == "norm" for a in algorithms):
             raise ValueError("give grad_clip_norm or a GradientClipping(mode='norm') algorithm, not both")
         algorithms.append(GradientClipping("norm", step.grad_clip_norm))
-    io = checkpoints.io
-    if io is None and world.sharded and FSDPOptions.of(parallel.fsdp).checkpoint == "sharded":
-        io = ShardedCheckpointIO()   # each rank writes its shards
-    io = io or CheckpointIO()
-    callbacks, checkpointer, save_folder = _checkpoint_callback(list(callbacks), checkpoints, io)
+    io = checkpoints.io or checkpoint_io_for(world, parallel)
+    callbacks, checkpointer, save_folder = _checkpoint_callback(list(callbacks), checkpoints, io,
+                                                                durations.eval_interval)
     # under data parallelism rank 0 alone writes: the callbacks that write (progress,
     # checkpoints) and the loggers run there only; every rank reads checkpoints to resume
-    if not world.is_main:
-        callbacks, loggers = on_this_rank(callbacks, world, checkpointer), []
+    callbacks = on_this_rank(callbacks, world, checkpointer)
+    loggers = loggers if world.is_main else []
     state = State(model=model, max_duration=Time.parse(durations.max_duration), runtime=runtime,
                   loss_fn=loss_fn or default_loss, train_dataloader=train_dataloader,
                   eval_dataloader=eval_dataloader, algorithms=algorithms, callbacks=callbacks,
@@ -173,8 +106,6 @@ def assemble(model: "torch.nn.Module | Callable[[], torch.nn.Module]", runtime: 
     if step.compile_optimizer and runtime.precision == "fp16-mixed":
         raise ValueError("compile_optimizer with fp16-mixed is not supported (its loss scaler steps the optimizers "
                          "itself): use bf16-mixed, or drop compile_optimizer")
-    if state.max_duration.unit == TimeUnit.DURATION:
-        raise ValueError("max_duration cannot be a fraction ('dur'); use ep, ba, sp, tok or s/m/h")
     logger = LogHub(loggers)
     engine = Engine(state, logger)
     eval_interval, log_interval = Interval(durations.eval_interval), Interval(durations.log_interval)
@@ -215,14 +146,22 @@ def _model(model) -> torch.nn.Module:
     return made
 
 
-def _checkpoint_callback(callbacks: list, checkpoints: CheckpointOptions, io: CheckpointIO):
-    """(callbacks, the Checkpoint callback or None, the save folder): save_folder makes one;
-    a Checkpoint among the callbacks is used as it is; not both."""
+def checkpoint_io_for(world, parallel: ParallelOptions) -> CheckpointIO:
+    """The checkpoint writer a run uses unless it gives its own: a folder of shards that every
+    rank writes under sharded FSDP (trainer.fsdp.checkpoint=sharded), else one file."""
+    return ShardedCheckpointIO() if world.sharded and parallel.fsdp.checkpoint == "sharded" else CheckpointIO()
+
+
+def _checkpoint_callback(callbacks: list, checkpoints: CheckpointOptions, io: CheckpointIO, eval_interval):
+    """(callbacks, the Checkpoint callback or None, the save folder): save_folder makes one
+    (every save_interval, default the evaluation points, keeping keep_last); a Checkpoint among
+    the callbacks is used as it is; not both."""
     existing = [c for c in callbacks if isinstance(c, Checkpoint)]
     if checkpoints.save_folder is not None:
         if existing:
             raise ValueError("give either save_folder/save_interval or a Checkpoint callback, not both")
-        existing = [Checkpoint(checkpoints.save_folder, interval=checkpoints.save_interval or "1ep", io=io)]
+        existing = [Checkpoint(checkpoints.save_folder, interval=checkpoints.save_interval or eval_interval,
+                               keep_last=checkpoints.keep_last, io=io)]
         callbacks.append(existing[0])
     checkpointer = existing[0] if existing else None   # writes the signal-time checkpoint too
     folder = checkpoints.save_folder if checkpoints.save_folder is not None else (

@@ -15,8 +15,6 @@ switch that reduces gradients across ranks on the last micro-batch only.
 """
 from __future__ import annotations
 
-import warnings
-
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -25,19 +23,9 @@ import torch.utils._pytree as pytree
 
 from ..core.algorithm import parallel_refusal_message
 from ..core.event import Event
-from .fsdp import FSDPOptions, checkpoint_blocks, shard_model
-
-
-@dataclass(frozen=True)
-class ParallelOptions:
-    """How the model is wrapped under data parallelism (the world itself is the runtime's).
-
-    sync_batchnorm: under ddp, normalise batch-norm layers over the whole global batch
-        (torch.nn.SyncBatchNorm, CUDA only in torch 2.13) instead of each rank's share.
-    fsdp: under parallelism 'fsdp', FSDPOptions (or a dict of its fields); default FSDPOptions().
-    """
-    sync_batchnorm: bool = False
-    fsdp: "FSDPOptions | dict | None" = None
+from ..distributed.fsdp import FSDPOptions, checkpoint_blocks, shard_model
+from ..optim.factory import build_optimizers, build_schedulers
+from .options import ParallelOptions
 
 
 @dataclass
@@ -54,7 +42,7 @@ def prepare(state, engine, parallel: ParallelOptions, optimizers: Any = None, sc
     are set); `engine` fires INIT."""
     runtime = state.runtime
     world, device = runtime.world, runtime.device
-    if parallel.fsdp and not world.sharded:
+    if parallel.fsdp != FSDPOptions() and not world.sharded:
         raise ValueError("fsdp options were given but the run is not sharded: set parallelism=fsdp "
                          "(trainer.parallelism=fsdp) or leave the fsdp options out")
     if parallel.sync_batchnorm and world.sharded:
@@ -66,11 +54,7 @@ def prepare(state, engine, parallel: ParallelOptions, optimizers: Any = None, sc
         refused = parallel_refusal_message(state.algorithms, world.parallelism)
         if refused:
             raise ValueError(refused)
-    fsdp_options = FSDPOptions.of(parallel.fsdp)
-    if fsdp_options.activation_checkpointing:   # the old place of the key: it still works, and says where it moved
-        warnings.warn("trainer.fsdp.activation_checkpointing moved to trainer.activation_checkpointing (Trainer("
-                      "activation_checkpointing=True)), which works with or without FSDP", DeprecationWarning, stacklevel=2)
-        activation_checkpointing = True
+    fsdp_options = parallel.fsdp
     if activation_checkpointing:
         checkpoint_blocks(state.model, fsdp_options.blocks)
     if world.sharded:
@@ -124,48 +108,6 @@ class CloneOutputs(torch.nn.Module):
 
     def forward(self, *args, **kwargs):
         return pytree.tree_map_only(torch.Tensor, torch.clone, self.inner(*args, **kwargs))
-
-
-def build_optimizers(model: torch.nn.Module, optimizers: Any) -> list:
-    """The optimizers as a list: given, or built by a factory `f(model)`; default AdamW(lr=1e-3).
-    Each must hold only the model's own parameters."""
-    given = optimizers
-    if optimizers is None:
-        optimizers = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    elif callable(optimizers) and not isinstance(optimizers, torch.optim.Optimizer):
-        optimizers = optimizers(model)
-    opts = list(optimizers) if isinstance(optimizers, (list, tuple)) else [optimizers]
-    for opt in opts:
-        if not isinstance(getattr(opt, "param_groups", None), list):
-            made = " (what the factory returned)" if callable(given) and given is not optimizers else ""
-            raise TypeError(f"optimizers: {opt!r:.80} ({type(opt).__name__}){made} is not an optimizer; give a "
-                            "torch.optim.Optimizer, a list of them, or a factory, e.g. "
-                            "optimizers=lambda model: torch.optim.AdamW(model.parameters(), lr=1e-3)")
-    owned = {id(p) for p in model.parameters()}
-    for opt in opts:
-        for g in opt.param_groups:
-            for p in g["params"]:
-                if id(p) not in owned:
-                    raise ValueError(
-                        "an optimizer holds a parameter that is not in the model (was the model "
-                        "changed after the optimizer was built?). Pass a factory, "
-                        "optimizers=lambda model: torch.optim.SGD(model.parameters(), ...), "
-                        "so it is built after model surgery.")
-    return opts
-
-
-def build_schedulers(schedulers: Any, optimizers: list) -> list:
-    """The schedulers as a list; a factory `f(optimizer)` is called with the first optimizer."""
-    if schedulers is None:
-        return []
-    items = list(schedulers) if isinstance(schedulers, (list, tuple)) else [schedulers]
-    for s in items:
-        if not callable(s) and not hasattr(s, "step") and not hasattr(s, "apply"):
-            raise TypeError(f"schedulers: {s!r:.60} ({type(s).__name__}) is not a schedule; give a "
-                            "hasten.optim.LRSchedule, e.g. LRSchedule('cosine', warmup='0.05dur'), a torch LR "
-                            "scheduler, or a factory f(optimizer) -> scheduler")
-    return [s(optimizers[0]) if callable(s) and not hasattr(s, "step") and not hasattr(s, "apply") else s
-            for s in items]
 
 
 def _compile_options(compile) -> dict:

@@ -15,6 +15,7 @@ from ..allocator import host_allocator_state
 from ..core import Callback
 from ..hardware import cpu_features, cpu_name, kernel_caps
 from ..provenance import code_version
+from ..version import __version__
 
 
 def _sync(state) -> None:
@@ -75,7 +76,7 @@ def machine() -> dict:
             "cores": os.cpu_count(), "threads": torch.get_num_threads(),
             "python": platform.python_version(), "torch": torch.__version__,
             "cuda": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
-            "hasten": __import__("hasten").__version__, "platform": platform.platform(),
+            "hasten": __version__, "platform": platform.platform(),
             "host_allocator": host_allocator_state()}
 
 

@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .. import __version__
+from ..version import __version__
 from ..distributed import fsdp
 from ..distributed.tensors import gather_whole, local_tensors
 from ..errors import CheckpointError, first_line

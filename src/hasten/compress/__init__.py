@@ -8,17 +8,19 @@ reports of `hasten compress`.
     hc.quantize_linear(model, "int8")                # torchao int8 (dynamic activations) for Linear layers
     qmodel = hc.quantize_static(model, [batch])      # torchao PT2E int8 for convs on x86
 
-One module per method: pruning (magnitude, global or per layer), structured (channels,
-MLP units, heads), gradual (GradualPruning, an Algorithm with a cubic sparsity schedule),
-quantize (torchao), artifact (the file format), measure (CPU inference cost), pipeline
-(`hasten compress` / `hasten eval`). Cards: docs/methods/magnitude_pruning.md,
+Here: structured (channels, MLP units, heads), quantize (torchao), artifact (the file
+format), measure (CPU inference cost), outputs (the files a compression writes), pipeline
+(`hasten compress` / `hasten eval`). Magnitude pruning (global or per layer) and gradual
+pruning (an Algorithm with a cubic sparsity schedule) are methods like any other, in
+hasten.algorithms.magnitude_pruning and hasten.algorithms.gradual_pruning; this face
+re-exports their functional forms for compression after training. Cards: docs/methods/magnitude_pruning.md,
 structured_pruning.md, gradual_pruning.md, quantization.md; guide: docs/compression.md.
 """
 from .artifact import read_artifact, save_artifact
-from .gradual import GradualPruning, cubic_sparsity
+from ..algorithms.gradual_pruning import GradualPruning, cubic_sparsity
 from .measure import inference_cost
-from .pruning import (count_parameters, global_magnitude_prune, is_pruned, layer_magnitude_prune, layer_sparsity,
-                      make_permanent, masks, prunable_weights)
+from ..algorithms.magnitude_pruning import (count_parameters, global_magnitude_prune, is_pruned, layer_magnitude_prune,
+                                           layer_sparsity, make_permanent, masks, prunable_weights)
 from .quantize import MODES, int8_hardware, quantize_linear, quantize_static
 from .structured import prune_structured, structured_plan
 

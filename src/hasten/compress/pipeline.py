@@ -31,11 +31,12 @@ from pathlib import Path
 import torch
 
 from ..allocator import host_allocator_state
-from ..assemble import Durations, StepOptions, assemble
-from ..build import build_algorithms, build_optimizer, step_options
+from ..assembly import Durations, StepOptions, assemble
+from ..build import build_algorithms, step_options
 from ..callbacks import ProgressBar
 from ..checkpoint import CheckpointIO, find_latest
 from ..checkpoint.sharded import load_whole
+from ..optim.factory import build_optimizer
 from ..checkpoint.format import MODEL_MISMATCH_FIX, model_mismatch
 from ..config import Recipe, apply_override, parse_override, to_dict, validate
 from ..core import Event, Time
@@ -50,7 +51,8 @@ from ..runtime import make_runtime, resolve_precision
 from ..tasks import TASKS
 from ..trainer import Trainer
 from ..usercode import check_trust, origins_of
-from . import outputs, pruning, quantize, structured
+from ..algorithms import magnitude_pruning as pruning
+from . import outputs, quantize, structured
 from .artifact import read_artifact, save_artifact
 from .measure import Autocast, best, inference_cost
 

@@ -38,7 +38,7 @@ from ..models.bert import BERT, BertClassifier
 from ..models.gpt import GPT
 from ..models.speedrun import ACTIVATIONS, ConvGroup, SpeedrunNet
 from ..models.vit import ViT
-from .pruning import check_sparsity, is_pruned
+from ..algorithms.magnitude_pruning import check_sparsity, is_pruned
 
 
 @torch.no_grad()
@@ -224,7 +224,6 @@ def transformer_unit_scores(model: nn.Module, inputs=None) -> tuple[list, list]:
     return mlp_scores, head_scores
 
 
-gpt_unit_scores = transformer_unit_scores   # hasten 0.1's name
 
 
 def transformer_plan(model: nn.Module, ratio: float, inputs=None, mlp: bool = True,
@@ -266,7 +265,6 @@ def transformer_plan(model: nn.Module, ratio: float, inputs=None, mlp: bool = Tr
     return sd, changes
 
 
-gpt_plan = transformer_plan   # hasten 0.1's name
 
 
 # ---------------------------------------------------------------------------- one entry point
@@ -322,5 +320,5 @@ def prune_structured(model: nn.Module, ratio: float, inputs=None,
     return small.to(dev), changes
 
 
-__all__ = ["MULTIPLE_OF", "blocks_of", "gpt_plan", "gpt_unit_scores", "kept", "prune_structured", "speedrun_args",
+__all__ = ["MULTIPLE_OF", "blocks_of", "kept", "prune_structured", "speedrun_args",
            "speedrun_channel_scores", "speedrun_plan", "structured_plan", "transformer_plan", "transformer_unit_scores"]

@@ -1,7 +1,6 @@
 """Algorithm: a two-way callback that may change the training state, one method per event."""
 from __future__ import annotations
 
-import warnings
 from typing import Callable
 
 from .callback import _noop
@@ -103,20 +102,6 @@ class Algorithm:
 
     def __repr__(self) -> str:
         return f"{self.name}()"
-
-    def __init_subclass__(cls, **kwargs):
-        """Algorithms written for hasten 0.1's `events` tuple and `apply(event, state, logger)`
-        keep working, with a deprecation warning: each listed event gets a method calling apply."""
-        super().__init_subclass__(**kwargs)
-        apply, events = cls.__dict__.get("apply"), cls.__dict__.get("events")
-        if apply is None:
-            return
-        warnings.warn(f"{cls.__name__}: `events` and `apply(event, state, logger)` are deprecated; override "
-                      "one method per event instead (e.g. `def batch_end(self, state, logger)`)",
-                      DeprecationWarning, stacklevel=2)
-        for event in events or ():
-            if cls.__dict__.get(event.value) is None:
-                setattr(cls, event.value, (lambda ev: lambda self, state, logger: self.apply(ev, state, logger))(event))
 
 
 def parallel_refusal_message(algorithms, parallelism: str = "ddp") -> str | None:

@@ -17,7 +17,7 @@ with `indices()` (a LongTensor of sample indices, or None for all) and `count` (
 
 Under data parallelism (`rank`, `world_size`, or `shard_for_rank`, which the Trainer calls)
 every rank walks the same global batches and gathers and augments only its share of each
-(`hasten.utils.share_range`); the random numbers are drawn for the whole global batch and
+(`hasten.data.batches.share_range`); the random numbers are drawn for the whole global batch and
 sliced, so the shares are exactly the pixels one process would train on.
 """
 from __future__ import annotations

@@ -93,7 +93,7 @@ class ResumableBatchSampler(Sampler):
     """Batches of `batch_size` keys of a ResumableSampler (the DataLoader's `batch_sampler`,
     as `make_dataloader` builds it). Every batch is a global batch; after
     `shard_for_rank(rank, world_size)` (the Trainer calls it under data parallelism) it yields
-    only rank `rank`'s share of each (`hasten.utils.share_range`), so every rank walks the same
+    only rank `rank`'s share of each (`hasten.data.batches.share_range`), so every rank walks the same
     batches and its workers load only its share."""
 
     def __init__(self, sampler: ResumableSampler, batch_size: int, drop_last: bool = False):

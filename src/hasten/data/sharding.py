@@ -2,7 +2,7 @@
 
 One rule at every world size: each step trains on one global batch (the batch size a recipe
 or a loader states), and rank r trains on its contiguous share of it
-(`hasten.utils.share_range`: the first `len % world_size` ranks one sample more), split into
+(`hasten.data.batches.share_range`: the first `len % world_size` ranks one sample more), split into
 its micro-batches. So one process and N processes see the same samples in the same step.
 Who takes the share depends on the loader, decided once per loader by `prepare`:
 

@@ -1,6 +1,6 @@
 """Training past one process: the world (ranks, process group), stopping together (signals,
-lost ranks), FSDP2's options and helpers, sharded tensors, and `prepare` (hasten.distributed.prepare:
-model to device, surgery, DDP or FSDP wrapping, optimizers). Sharded checkpoints live with the
+lost ranks), FSDP2's options and helpers, sharded tensors. Wrapping a model for a run (DDP,
+FSDP) is part of assembling it (hasten.assembly.prepare); sharded checkpoints live with the
 other checkpoints (hasten.checkpoint.sharded). See docs/distributed.md."""
 from .fsdp import FSDPOptions
 from .stop import StopCoordinator

@@ -37,8 +37,6 @@ class FSDPOptions:
     The recipe section and the Trainer's `fsdp=` option are this one class."""
     reshard_after_forward: bool = True
     """true: free each block's gathered parameters after its forward (ZeRO-3, least memory); false: keep them for the backward (ZeRO-2 style)."""
-    activation_checkpointing: bool = False
-    """Moved to trainer.activation_checkpointing (still read here, with a deprecation warning)."""
     blocks: tuple[str, ...] = ()
     """Modules sharded as units: name patterns (blocks.*) or class names (Block); default: the model's fsdp_blocks()."""
     checkpoint: Literal["sharded", "whole"] = "sharded"

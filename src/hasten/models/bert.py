@@ -5,7 +5,7 @@ masked-language-model head tied to the token embedding, and a classifier over th
 (the same encoder, a fresh head) gives class logits (B, classes) from the first token's state
 (`pool: first`, BERT's [CLS]) or the mean over the tokens that are not padding (`pool: mean`).
 A classifier's encoder loads a pre-trained BERT's weights by name (`encoder.*`), so a masked-LM
-checkpoint starts a fine-tuning run (hasten.assemble: `load_path` of another model loads what
+checkpoint starts a fine-tuning run (hasten.assembly: `load_path` of another model loads what
 fits). `segments` keeps attention inside packed documents; `pad` (True at padding) keeps it off
 padding.
 """

@@ -206,7 +206,7 @@ class GPT(nn.Module):
             nn.init.normal_(m.weight, mean=0.0, std=0.02)
 
     def fsdp_blocks(self) -> list[nn.Module]:
-        """The units sharded together under FSDP: the transformer blocks (hasten.fsdp)."""
+        """The units sharded together under FSDP: the transformer blocks (hasten.distributed.fsdp)."""
         return list(self.blocks)
 
     def num_params(self, non_embedding: bool = True) -> int:

@@ -38,7 +38,7 @@ class ResNet9(nn.Module):
         self.fc = nn.Linear(w[3], num_classes, bias=False)
 
     def fsdp_blocks(self) -> list[nn.Module]:
-        """The units sharded together under FSDP: the three layers (hasten.fsdp)."""
+        """The units sharded together under FSDP: the three layers (hasten.distributed.fsdp)."""
         return [self.layer1, self.layer2, self.layer3]
 
     def forward(self, x):
@@ -121,7 +121,7 @@ class ResNet(nn.Module):
                     nn.init.zeros_(m.branch[-1].weight)
 
     def fsdp_blocks(self) -> list[nn.Module]:
-        """The units sharded together under FSDP: the residual blocks of every stage (hasten.fsdp)."""
+        """The units sharded together under FSDP: the residual blocks of every stage (hasten.distributed.fsdp)."""
         return [block for stage in self.stages for block in stage]
 
     def forward(self, x):

@@ -59,7 +59,7 @@ class SpeedrunNet(nn.Module):
                 self.head.weight.mul_(head_std / self.head.weight.std())
 
     def fsdp_blocks(self) -> list[nn.Module]:
-        """The units sharded together under FSDP: the three conv groups (hasten.fsdp)."""
+        """The units sharded together under FSDP: the three conv groups (hasten.distributed.fsdp)."""
         return list(self.groups)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
