@@ -198,3 +198,10 @@ def test_every_module_is_on_a_layer_and_no_module_level_import_runs_up():
 def test_the_architecture_page_shows_the_layer_map():
     page = (SRC.parent.parent / "docs" / "architecture.md").read_text()
     assert render() in page, "docs/architecture.md's Layers list differs from tests/helpers/layers.py: paste render()"
+
+
+def test_no_package_face_is_over_40_lines():
+    """A package's __init__.py says what the package holds and re-exports; the code lives in its modules."""
+    long = {str(p.relative_to(SRC)): len(p.read_text().splitlines()) for p in SRC.rglob("__init__.py")
+            if len(p.read_text().splitlines()) > 40}
+    assert not long, long

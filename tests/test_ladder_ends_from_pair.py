@@ -1,4 +1,4 @@
-"""benchmarks/ladder_ends_from_pair.py: a pair's runs become a ladder's first and last rows
+"""benchmarks/tools/ladder_ends_from_pair.py: a pair's runs become a ladder's first and last rows
 only when they trained exactly those rows' recipes, and the harness then counts them."""
 import importlib.util
 import json
@@ -10,7 +10,7 @@ from rich.console import Console
 from hasten.bench.ladder import ladder_specs
 from hasten.bench.runner import Spec, check_earlier_runs, run_identity
 
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "ladder_ends_from_pair.py"
+SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "tools" / "ladder_ends_from_pair.py"
 SHARED = ["data.path=cifar.zip"]
 LAST = ["trainer.eval_interval=25000sp"]
 

@@ -47,10 +47,10 @@ def test_instruments_and_pending_name_registered_algorithms():
 
 def test_the_index_of_measured_effects_is_generated_from_the_cards_as_they_are():
     import importlib.util
-    spec = importlib.util.spec_from_file_location("method_cards", DOCS.parents[1] / "benchmarks" / "method_cards.py")
+    spec = importlib.util.spec_from_file_location("method_cards", DOCS.parents[1] / "benchmarks" / "tools" / "method_cards.py")
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)
     index = (DOCS / "README.md").read_text()
-    assert index == script.build(), "docs/methods/README.md is out of date: run python benchmarks/method_cards.py"
+    assert index == script.build(), "docs/methods/README.md is out of date: run python -m benchmarks.tools.method_cards"
     for name in METHODS:   # every method appears, as a row or in the not-measured list
         assert f"[{name}]({name}.md)" in index, name

@@ -19,12 +19,12 @@ def test_gpt_is_causal(pos, qk_norm, mlp):
 
 
 def test_rope_is_a_rotation_of_each_pair_by_its_positions_angle():
-    from hasten.models.gpt import _apply_rope, _rope_tables
+    from hasten.models.gpt import apply_rope, rope_tables
     torch.manual_seed(0)
     B, H, T, D = 2, 3, 10, 8
     x = torch.randn(B, H, T, D, dtype=torch.float64)
-    cos, sin = _rope_tables(16, D)
-    got = _apply_rope(x, cos.double(), sin.double())
+    cos, sin = rope_tables(16, D)
+    got = apply_rope(x, cos.double(), sin.double())
     # reference: the pair (x_i, x_{i+D/2}) as the complex number x_i + j x_{i+D/2}, times e^{j t theta_i}
     theta = 10000.0 ** (-torch.arange(0, D, 2, dtype=torch.float64) / D)
     turn = torch.polar(torch.ones(T, D // 2, dtype=torch.float64), torch.arange(T, dtype=torch.float64)[:, None] * theta)
@@ -32,7 +32,7 @@ def test_rope_is_a_rotation_of_each_pair_by_its_positions_angle():
     torch.testing.assert_close(got, torch.cat([z.real, z.imag], -1))
     # what it is for: a query-key product depends on the positions' difference only
     q, k = torch.randn(D, dtype=torch.float64), torch.randn(D, dtype=torch.float64)
-    rot = lambda v, t: _apply_rope(v.expand(1, 1, 16, D), cos.double(), sin.double())[0, 0, t]  # noqa: E731
+    rot = lambda v, t: apply_rope(v.expand(1, 1, 16, D), cos.double(), sin.double())[0, 0, t]  # noqa: E731
     assert float(rot(q, 7) @ rot(k, 4)) == pytest.approx(float(rot(q, 12) @ rot(k, 9)), rel=1e-6)   # tables in fp32
     assert float(rot(q, 7) @ rot(k, 4)) != pytest.approx(float(rot(q, 7) @ rot(k, 5)), rel=1e-3)
 

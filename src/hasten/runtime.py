@@ -158,7 +158,7 @@ def prepare_device(dev: torch.device) -> None:
     """Pay a GPU's one-off library set-up now, before any run's clock: the CUDA context and the
     cuBLAS handle with its workspace (a tiny product in fp32 and in fp64), which the first
     matrix product of a process otherwise pays, whichever part of the run does it (on an H200,
-    patch whitening's fit at INIT: measured in benchmarks/whiten_fit_probe.py). A compared
+    patch whitening's fit at INIT: measured in benchmarks/probes/whiten_fit_probe.py). A compared
     script's untimed warm-up run pays the same. Nothing to do on the CPU or MPS."""
     if dev.type != "cuda":
         return

@@ -107,7 +107,7 @@ class PatchWhitening(Algorithm):
       `requires_grad_(False)`. The backward pass then ends at the first conv group: no
       gradient for that conv's input, the stem's activation or the bias (on a 2-core CPU the
       speedrun net's bf16 step at batch 2000 took 3% less time at 32 px and 8% less at 24 px,
-      `benchmarks/whiten_bias_stop.py`).
+      `benchmarks/probes/whiten_bias_stop.py`).
     - a compiled model, one wrapped for DDP or sharded by FSDP, or another trainer's loop
       (Lightning, the HF Trainer: `state.host`): the bias loses its gradient
       after every backward pass (the optimizer skips a parameter without one: no update, no

@@ -28,7 +28,7 @@ from typing import Callable
 
 from ..errors import ConfigError
 from .report import write_report
-from .runner import COUNTED, _read_worker_output, load_runs, outcome
+from .runner import COUNTED, read_worker_output, load_runs, outcome
 from .target import Target
 from .recording import timed_fit
 
@@ -96,7 +96,7 @@ def _run(label: str, factory, seed: int, out_dir: Path) -> dict:
             raise
         except Exception as e:   # a failed run is recorded and counted as failed, as hasten bench does
             status, error = "failed", f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
-    evals, final, progress = _read_worker_output(path)
+    evals, final, progress = read_worker_output(path)
     if status == "finished" and final is None:
         status = "failed"
     record = {"label": label, "recipe": None, "overrides": [], "seed": seed, "status": status,

@@ -92,7 +92,7 @@ def _drop_torn_tail(path: Path) -> None:
         path.write_bytes(data[: data.rfind(b"\n") + 1])
 
 
-def _read_worker_output(path: Path) -> tuple[list[dict], dict | None, dict | None]:
+def read_worker_output(path: Path) -> tuple[list[dict], dict | None, dict | None]:
     """(evaluations, the final record or None, the last progress record or None)."""
     evals, final, progress = [], None, None
     if path.is_file():
@@ -196,7 +196,7 @@ def run_one(spec: Spec, seed: int, out_dir: Path, cap_s: float | None = None, ke
                 _stop_worker(proc)
                 status, interrupted = "interrupted", True
         wall = time.perf_counter() - t0
-    evals, final, progress = _read_worker_output(out)
+    evals, final, progress = read_worker_output(out)
     if status == "finished" and final is None:
         status = "failed"
     if status == "finished" and final.get("stop_reason") in ("sigterm", "sigint"):

@@ -15,7 +15,7 @@ kind (a config has one width per group, one MLP width and one head count). How m
 units to the nearest multiple of it, because CPU and GPU kernels run such widths fastest
 (cifar10-fast's widths 64/256/256 at 30%: 48/176/176, whose bf16 training step ran 1.16x as
 fast as that of the exact 45/179/179 on a 2-core AVX512-BF16 EPYC,
-benchmarks/pruned_widths_cost.py); smaller layers, attention
+benchmarks/probes/pruned_widths_cost.py); smaller layers, attention
 heads, and `multiple_of=1` keep exactly round(units x (1 - ratio)). A unit's
 importance is what it sends on: the mean magnitude of its activation over calibration inputs
 (`inputs`) times the norm of the next layer's weights that read it. Without inputs, the

@@ -71,8 +71,8 @@ class GPTConfig:
         return self.mlp_hidden or self.mlp_ratio * self.n_embd
 
 
-def _rope_tables(block_size: int, head_dim: int, base: float = 10000.0):
-    """(cos, sin) of shape (block_size, head_dim) for `_apply_rope`: the angle of position t and
+def rope_tables(block_size: int, head_dim: int, base: float = 10000.0):
+    """(cos, sin) of shape (block_size, head_dim) for `apply_rope`: the angle of position t and
     frequency i (i < head_dim / 2) at columns i and i + head_dim / 2, the sine negated in the
     first half, so that rotating each pair (x_i, x_{i+d/2}) is two products and a roll."""
     inv = 1.0 / base ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)
@@ -80,13 +80,13 @@ def _rope_tables(block_size: int, head_dim: int, base: float = 10000.0):
     return torch.cat([freqs.cos(), freqs.cos()], -1), torch.cat([-freqs.sin(), freqs.sin()], -1)
 
 
-def _apply_rope(x, cos, sin):
+def apply_rope(x, cos, sin):
     """Rotary positions on x (B, H, T, D): each pair (x_i, x_{i+D/2}) turned by its position's
-    angle, written as x * cos + roll(x, D/2) * sin with the tables of `_rope_tables`. The roll
+    angle, written as x * cos + roll(x, D/2) * sin with the tables of `rope_tables`. The roll
     puts x_{i+D/2} against x_i (and x_i against x_{i+D/2}); one product and sum for the whole
     head instead of slicing into halves and concatenating them (1.63 ms against 2.14 ms a layer
     over the layer without positions, forward and backward of a 24 x 64-token batch, 4 heads of
-    32, on a 2-core Xeon without bf16 hardware: benchmarks/rope_cost.py)."""
+    32, on a 2-core Xeon without bf16 hardware: benchmarks/probes/rope_cost.py)."""
     T = x.shape[-2]
     cos, sin = cos[:T].to(x.dtype), sin[:T].to(x.dtype)
     return x * cos + x.roll(x.shape[-1] // 2, -1) * sin
@@ -122,7 +122,7 @@ class CausalSelfAttention(nn.Module):
         self.resid_drop = nn.Dropout(cfg.dropout)
         self.qk_norm = cfg.qk_norm
         if cfg.pos == "rope":
-            cos, sin = _rope_tables(cfg.block_size, self.head_dim)
+            cos, sin = rope_tables(cfg.block_size, self.head_dim)
             self.register_buffer("rope_cos", cos, persistent=False)
             self.register_buffer("rope_sin", sin, persistent=False)
         else:
@@ -134,7 +134,7 @@ class CausalSelfAttention(nn.Module):
         if self.qk_norm:
             q, k = F.rms_norm(q, (self.head_dim,)), F.rms_norm(k, (self.head_dim,))
         if self.rope_cos is not None:
-            q, k = _apply_rope(q, self.rope_cos, self.rope_sin), _apply_rope(k, self.rope_cos, self.rope_sin)
+            q, k = apply_rope(q, self.rope_cos, self.rope_sin), apply_rope(k, self.rope_cos, self.rope_sin)
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=self.causal and mask is None,
                                            dropout_p=self.dropout if self.training else 0.0)
         return self.resid_drop(self.proj(y.transpose(1, 2).reshape(B, T, self.n_head * self.head_dim)))

@@ -14,7 +14,7 @@ The Newton-Schulz iteration's precision (`ns_dtype`): torch.optim.Muon always ru
 bf16, which is fast on GPUs and on CPUs with AVX512-BF16 or AMX, but emulated, and slow,
 on other CPUs: for the kernels of the CIFAR speedrun net, three iterations took 2.47 s a
 step in bf16 against 0.047 s in fp32 on a 2-core AVX2-only EPYC, a quarter of each training
-step (benchmarks/muon_ns_cost.py). `ns_dtype="auto"` (the default) follows the run's
+step (benchmarks/probes/muon_ns_cost.py). `ns_dtype="auto"` (the default) follows the run's
 precision: bf16 under `precision="bf16-mixed"` (which `precision: auto` picks on GPUs and on
 CPUs with bf16 hardware), fp32 otherwise, so a user who asks for fp32 gets fp32 everywhere;
 'bf16' or 'fp32' set it outright. The two give updates that differ by bf16 rounding (about
@@ -211,7 +211,7 @@ class ConvMuon(torch.optim.Muon):
             # foreach: the same update for all parameters at once, elementwise work as multi-tensor
             # kernels and the iteration batched over same-shape matrices: fewer launches on a GPU.
             # On a 2-core CPU the loop above was 7% faster (10.1 ms against 10.9 ms a step for
-            # the CIFAR speedrun net's kernels, benchmarks/muon_foreach_cost.py; 0.04% of a training step)
+            # the CIFAR speedrun net's kernels, benchmarks/probes/muon_foreach_cost.py; 0.04% of a training step)
             torch._foreach_lerp_(bufs, grads, 1 - mom)
             updates = torch._foreach_lerp(grads, bufs, mom) if group["nesterov"] else bufs
             updates = orthogonalise_all(updates, orthogonalise)

@@ -1,0 +1,766 @@
+"""Fault injection: hasten tried as a careless and as a hostile user would.
+
+Each probe runs the real command line (or the library, where a fault has to be injected
+into the process) in a scratch folder and checks what happened against what hasten
+promises (docs/reliability.md): data never lost, every error one actionable line, no code
+executed on load, exact resume. Prints a table (probe, expected, got, ok) and writes
+results/fault_injection.{json,md}.
+
+    python -m benchmarks.comparisons.fault_injection [--only SUBSTRING] [--name fault_injection]
+
+About four minutes on two CPU cores (up to ten on a slow one); nothing needs a GPU or the network.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+import zipfile
+from pathlib import Path
+
+from benchmarks.tools.common import write_results  # noqa: E402
+
+TINY = """\
+base: shakespeare-char-baseline
+description: a tiny character model for fault probes
+model: {n_layer: 1, n_head: 2, n_embd: 16}
+data: {batch_size: 4, block_size: 16, eval_batch_size: 512, eval_tokens: 600}
+trainer: {max_duration: 40ba, eval_interval: 20ba, log_interval: 10ba, threads: 1, tensorboard: false}
+"""
+PROBES = []
+
+
+def probe(name: str, expected: str):
+    def deco(fn):
+        PROBES.append((name, expected, fn))
+        return fn
+    return deco
+
+
+def hasten(*args, cwd, timeout=300, env=None):
+    return subprocess.run([sys.executable, "-m", "hasten.cli", *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=timeout, env={**os.environ, **(env or {})})
+
+
+def popen(*args, cwd, env=None):
+    return subprocess.Popen([sys.executable, "-m", "hasten.cli", *args], cwd=cwd, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env={**os.environ, **(env or {})},
+                            start_new_session=True)
+
+
+def python(code: str, cwd, timeout=300):
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], cwd=cwd, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def one_line(r) -> tuple[bool, str]:
+    err = r.stderr.strip()
+    ok = r.returncode != 0 and len(err.splitlines()) == 1 and err.startswith("hasten: error:") and "Traceback" not in err
+    return ok, f"exit {r.returncode}: {err[:150]}"
+
+
+def snapshot(root: Path) -> dict:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def wait_for_step(run: Path, step: int, proc, timeout=120) -> None:
+    deadline = time.time() + timeout
+    m = run / "metrics.jsonl"
+    while time.time() < deadline:
+        if m.is_file() and any(json.loads(ln).get("step", 0) >= step for ln in m.read_text().splitlines() if ln.strip()):
+            return
+        if proc.poll() is not None:
+            raise RuntimeError(f"the run ended early: {proc.communicate()}")
+        time.sleep(0.05)
+    raise RuntimeError("the run did not reach the step in time")
+
+
+# ---------------------------------------------------------------------------- checkpoints and data
+@probe("load another run's checkpoint (keep_last=1), save", "the other run's folder unchanged")
+def p_other_run(d: Path):
+    assert hasten("train", "tiny.yaml", "trainer.run_dir=A", "--no-progress", cwd=d).returncode == 0
+    before = snapshot(d / "A")
+    r = hasten("train", "tiny.yaml", "trainer.run_dir=B", "trainer.load_path=A/checkpoints/ep0-ba40.pt",
+               "trainer.max_duration=80ba", "--no-progress", cwd=d)
+    same = snapshot(d / "A") == before
+    return r.returncode == 0 and same, f"exit {r.returncode}; A unchanged: {same}"
+
+
+@probe("resume a crafted checkpoint whose stored list names other files", "no file outside the run's folder touched")
+def p_crafted(d: Path):
+    assert hasten("train", "tiny.yaml", "trainer.run_dir=A", "--no-progress", cwd=d).returncode == 0
+    victims = d / "victims"
+    victims.mkdir()
+    (victims / "ep0-ba1.pt").write_text("precious")
+    (victims / "notes.txt").write_text("precious")
+    r = python(f"""
+        import torch
+        p = torch.load("A/checkpoints/ep0-ba40.pt", weights_only=True)
+        p["callbacks"]["Checkpoint"] = {{"saved": [{{"path": p_, "batch": 1, "metric": None}}
+            for p_ in ["{victims}/ep0-ba1.pt", "{victims}/notes.txt", "../victims/notes.txt"]]}}
+        torch.save(p, "crafted.pt")
+    """, d)
+    assert r.returncode == 0, r.stderr
+    r = hasten("train", "tiny.yaml", "trainer.run_dir=C", "trainer.load_path=crafted.pt", "trainer.max_duration=80ba",
+               "--no-progress", cwd=d)
+    intact = all((victims / n).read_text() == "precious" for n in ("ep0-ba1.pt", "notes.txt"))
+    return r.returncode == 0 and intact, f"exit {r.returncode}; victims intact: {intact}"
+
+
+@probe("a resumed copy of a run folder", "the original folder unchanged")
+def p_copy(d: Path):
+    assert hasten("train", "tiny.yaml", "trainer.run_dir=A", "--no-progress", cwd=d).returncode == 0
+    shutil.copytree(d / "A", d / "copy")
+    before = snapshot(d / "A")
+    r = hasten("train", "--resume", "copy", "trainer.max_duration=100ba", "--no-progress", cwd=d)
+    same = snapshot(d / "A") == before
+    return r.returncode == 0 and same, f"exit {r.returncode}; original unchanged: {same}"
+
+
+@probe("two processes resume one run folder", "the second refused in one line; the first unharmed (SIGTERM: saved, exit 143)")
+def p_two_writers(d: Path):
+    first = popen("train", "tiny.yaml", "trainer.run_dir=R", "trainer.max_duration=100000ba", "--no-progress", cwd=d)
+    wait_for_step(d / "R", 10, first)
+    second = hasten("train", "--resume", "R", "--no-progress", cwd=d)
+    os.killpg(first.pid, signal.SIGTERM)
+    first.communicate(timeout=120)
+    ok, got = one_line(second)
+    return ok and "in use" in second.stderr and first.returncode == 143, f"{got}; first exit {first.returncode}"
+
+
+@probe("SIGKILL during a checkpoint write", "the previous checkpoint loads; the torn temporary removed at restart")
+def p_kill_during_save(d: Path):
+    r = python("""
+        import os, signal, sys, threading, time, torch
+        from hasten import Trainer
+        from hasten.callbacks import Checkpoint
+        from torch.utils.data import DataLoader, TensorDataset
+        x = torch.randn(64, 8); y = torch.randint(0, 4, (64,))
+        cb = Checkpoint("ck", interval="2ba", keep_last=1)
+        Trainer(torch.nn.Linear(8, 4), DataLoader(TensorDataset(x, y), batch_size=8), max_duration="2ba",
+                device="cpu", callbacks=[cb]).fit()
+        real = torch.save
+        def slow(obj, f, *a, **k):          # the next write stops half-way and the process is killed
+            f.write(b"half a checkpoint"); f.flush(); os.kill(os.getpid(), signal.SIGKILL)
+        torch.save = slow
+        Trainer(torch.nn.Linear(8, 4), DataLoader(TensorDataset(x, y), batch_size=8), max_duration="4ba",
+                device="cpu", callbacks=[Checkpoint("ck", interval="2ba", keep_last=1)], autoresume=True).fit()
+    """, d)
+    killed = r.returncode == -signal.SIGKILL
+    torn = [p.name for p in (d / "ck").iterdir() if p.name.endswith(".tmp")]
+    r2 = python("""
+        import torch
+        from hasten import Trainer
+        from hasten.callbacks import Checkpoint
+        from torch.utils.data import DataLoader, TensorDataset
+        x = torch.randn(64, 8); y = torch.randint(0, 4, (64,))
+        t = Trainer(torch.nn.Linear(8, 4), DataLoader(TensorDataset(x, y), batch_size=8), max_duration="4ba",
+                    device="cpu", callbacks=[Checkpoint("ck", interval="2ba", keep_last=1)], autoresume=True)
+        print(t.state.timestamp.batch); t.fit()
+    """, d)
+    left = [p.name for p in (d / "ck").iterdir() if p.name.endswith(".tmp")]
+    ok = killed and bool(torn) and r2.returncode == 0 and r2.stdout.split()[0] == "2" and not left
+    return ok, f"killed: {killed}; torn temporaries {torn}; resumed at batch {r2.stdout.split()[:1]}; left {left}"
+
+
+@probe("a checkpoint holding a pickled os.system call", "refused at load; the code never runs")
+def p_malicious(d: Path):
+    r = python("""
+        import os, torch
+        class Evil:
+            def __reduce__(self):
+                return (os.system, ("echo pwned > pwned.txt",))
+        torch.save({"format": 1, "meta": "{}", "x": Evil()}, "evil.pt")
+    """, d)
+    assert r.returncode == 0, r.stderr
+    r = hasten("train", "tiny.yaml", "trainer.run_dir=E", "trainer.load_path=evil.pt", "--no-progress", cwd=d)
+    ok, got = one_line(r)
+    pwned = (d / "pwned.txt").exists()
+    return ok and not pwned, f"{got}; code ran: {pwned}"
+
+
+@probe("a truncated latest checkpoint, autoresume", "skipped with a warning; resumes from the one before")
+def p_truncated(d: Path):
+    assert hasten("train", "tiny.yaml", "trainer.run_dir=T", "trainer.keep_last=2", "trainer.save_interval=10ba",
+                  "--no-progress", cwd=d).returncode == 0
+    latest = d / "T" / "checkpoints" / "ep0-ba40.pt"
+    latest.write_bytes(latest.read_bytes()[:1000])
+    r = hasten("train", "--resume", "T", "trainer.max_duration=50ba", "--no-progress", cwd=d)
+    return r.returncode == 0 and "resuming at batch 30" in r.stdout, f"exit {r.returncode}; " + next(
+        (ln for ln in r.stdout.splitlines() if "resuming" in ln), r.stderr[-150:])[:150]
+
+
+@probe("disk full (ENOSPC) during a save", "one-line error; the previous checkpoint intact; no temporary left")
+def p_disk_full(d: Path):
+    r = python("""
+        import errno, torch
+        from hasten.cli import main
+        assert main(["train", "tiny.yaml", "trainer.run_dir=F", "trainer.max_duration=20ba", "--no-progress"]) == 0
+        def full(*a, **k):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        torch.save = full
+        raise SystemExit(main(["train", "--resume", "F", "trainer.max_duration=40ba", "--no-progress"]))
+    """, d)
+    ok, got = one_line(r)
+    intact = (d / "F" / "checkpoints" / "ep0-ba20.pt").stat().st_size > 1000
+    left = [p.name for p in (d / "F" / "checkpoints").iterdir() if p.name.endswith(".tmp")]
+    return ok and "no space left" in r.stderr and intact and not left, f"{got}; intact {intact}; temporaries {left}"
+
+
+@probe("an unwritable run folder (PermissionError injected)", "one-line error before any data is loaded")
+def p_unwritable(d: Path):
+    r = python("""
+        import errno, tempfile
+        import hasten.files as files
+        def denied(*a, **k):
+            raise PermissionError(errno.EACCES, "Permission denied")
+        files.tempfile.mkstemp = denied
+        from hasten.cli import main
+        raise SystemExit(main(["train", "tiny.yaml", "trainer.run_dir=U", "--no-progress"]))
+    """, d)
+    ok, got = one_line(r)
+    return ok and "no permission" in r.stderr, got
+
+
+# ---------------------------------------------------------------------------- signals and resume
+@probe("SIGTERM to hasten train, then the printed command", "checkpoint, exit 143; the resumed run ends as an uninterrupted one")
+def p_sigterm(d: Path):
+    args = ["tiny.yaml", "trainer.max_duration=1200ba", "trainer.eval_interval=600ba", "--no-progress"]
+    straight = hasten("train", *args, "trainer.run_dir=S0", cwd=d)
+    proc = popen("train", *args, "trainer.run_dir=S1", cwd=d)
+    wait_for_step(d / "S1", 20, proc)
+    os.kill(proc.pid, signal.SIGTERM)
+    out, err = proc.communicate(timeout=120)
+    cmd = out.split("Resume with: ")[-1].split()
+    resumed = hasten(*cmd[1:], cwd=d)
+    final = lambda r: [ln for ln in r.stdout.splitlines() if ln.startswith("final ")]
+    ok = proc.returncode == 143 and cmd[:3] == ["hasten", "train", "--resume"] and final(resumed) == final(straight) != []
+    return ok, f"exit {proc.returncode}; `{' '.join(cmd)}`; {final(resumed)} vs straight {final(straight)}"
+
+
+@probe("Ctrl-C (SIGINT) to hasten train", "says it saves; checkpoint written; exit 130")
+def p_sigint(d: Path):
+    proc = popen("train", "tiny.yaml", "trainer.max_duration=100000ba", "trainer.run_dir=I", "--no-progress", cwd=d)
+    wait_for_step(d / "I", 20, proc)
+    os.killpg(proc.pid, signal.SIGINT)   # as a terminal does: the whole foreground group
+    out, err = proc.communicate(timeout=120)
+    saved = list((d / "I" / "checkpoints").glob("*.pt"))
+    ok = proc.returncode == 130 and "saving a checkpoint" in err and bool(saved)
+    return ok, f"exit {proc.returncode}; checkpoint {[p.name for p in saved]}"
+
+
+@probe("resume with a changed learning rate", "refused in one line naming optimizer.lr and --force")
+def p_resume_change(d: Path):
+    assert hasten("train", "tiny.yaml", "trainer.run_dir=L", "--no-progress", cwd=d).returncode == 0
+    before = (d / "L" / "recipe.yaml").read_bytes()
+    r = hasten("train", "--resume", "L", "optimizer.lr=0.1", cwd=d)
+    ok, got = one_line(r)
+    return ok and "optimizer.lr" in r.stderr and "--force" in r.stderr and (d / "L" / "recipe.yaml").read_bytes() == before, got
+
+
+@probe("a checkpoint of another optimizer", "refused in one line naming both optimizers")
+def p_other_optimizer(d: Path):
+    assert hasten("train", "tiny.yaml", "trainer.run_dir=O", "--no-progress", cwd=d).returncode == 0
+    r = hasten("train", "tiny.yaml", "trainer.run_dir=O2", "optimizer.name=adam",
+               "trainer.load_path=O/checkpoints/ep0-ba40.pt", cwd=d)
+    ok, got = one_line(r)
+    return ok and "AdamW" in r.stderr and "Adam" in r.stderr, got
+
+
+# ---------------------------------------------------------------------------- wrong configs and data
+BAD = [("optimizer.lr=-1", "optimizer.lr"), ("trainer.grad_accum=0", "grad_accum"), ("data.batch_size=0", "batch_size"),
+       ("trainer.device=gpu", "not a device"), ("trainer.max_duraton=3ba", "Did you mean"),
+       ("trainer.autoresume=true", "trainer.run_dir")]
+for _override, _needle in BAD:
+    def _make(override=_override, needle=_needle):
+        def fn(d: Path):
+            r = hasten("train", "tiny.yaml", override, cwd=d)
+            ok, got = one_line(r)
+            return ok and needle in r.stderr and not (d / "runs").exists(), got
+        return fn
+    probe(f"hasten train {_override}", "one-line error, exit 2, nothing written")(_make())
+
+
+@probe("a YAML recipe with base: 5", "one-line error")
+def p_base(d: Path):
+    (d / "bad.yaml").write_text("base: 5\n")
+    ok, got = one_line(hasten("train", "bad.yaml", cwd=d))
+    return ok, got
+
+
+def _bad_text(content: bytes, needle: str):
+    def fn(d: Path):
+        (d / "t.txt").write_bytes(content)
+        r = hasten("train", "tiny.yaml", "data.source=t.txt", cwd=d)
+        ok, got = one_line(r)
+        return ok and needle in r.stderr and not (d / "runs").exists(), got
+    return fn
+
+
+probe("an empty text file as data.source", "one-line error naming the file")(_bad_text(b"", "empty"))
+probe("a binary file as data.source", "one-line error naming the file")(_bad_text(b"\xff\xfe\x00" * 99, "UTF-8"))
+
+
+def _image_zip(d: Path, broken: bytes | None = None) -> Path:
+    import io as _io
+
+    from PIL import Image
+    buf = _io.BytesIO()
+    Image.new("RGB", (32, 32), (200, 10, 10)).save(buf, format="PNG")
+    path = d / "img.zip"
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_STORED) as zf:
+        for split in ("train", "test"):
+            for i, cls in enumerate(("airplane", "automobile")):
+                zf.writestr(f"{split}/{cls}/{i:05d}.png", broken if (broken and split == "test" and i) else buf.getvalue())
+    return path
+
+
+def _cifar(d: Path, path: Path):
+    return hasten("train", "cifar10-narrow", f"data.path={path.name}", "trainer.max_duration=1ba", cwd=d,
+                  env={"HASTEN_DATA": str(d / "data")})
+
+
+@probe("a truncated image zip", "one-line error naming the zip")
+def p_zip(d: Path):
+    z = _image_zip(d)
+    z.write_bytes(z.read_bytes()[:300])
+    ok, got = one_line(_cifar(d, z))
+    return ok and "img.zip" in got, got
+
+
+@probe("a zip member with a bad CRC", "one-line error naming the member")
+def p_crc(d: Path):
+    z = _image_zip(d)
+    b = bytearray(z.read_bytes())
+    b[b.find(b"IDAT") + 8] ^= 0xFF
+    z.write_bytes(bytes(b))
+    ok, got = one_line(_cifar(d, z))
+    return ok and "damaged" in got, got
+
+
+@probe("an undecodable image in the zip", "one-line error naming the member")
+def p_undecodable(d: Path):
+    ok, got = one_line(_cifar(d, _image_zip(d, broken=b"no image")))
+    return ok and "00001.png" in got, got
+
+
+@probe("a damaged decoded-image cache (.npz)", "warned and rebuilt; training goes on")
+def p_npz(d: Path):
+    z = _image_zip(d)
+    r1 = python(f"from hasten.data.cifar import read_image_zip; read_image_zip('{z}', cache_dir='cache')", d)
+    (cache,) = (d / "cache").glob("*.npz")
+    cache.write_bytes(cache.read_bytes()[:64])
+    r2 = python(f"from hasten.data.cifar import read_image_zip; print(read_image_zip('{z}', cache_dir='cache').train_x.shape)", d)
+    ok = r1.returncode == 0 and r2.returncode == 0 and "damaged" in r2.stderr and "torch.Size([2, 32, 32, 3])" in r2.stdout
+    return ok, f"exit {r2.returncode}; {r2.stdout.strip()}; warned: {'damaged' in r2.stderr}"
+
+
+@probe("a loss function that returns a dict", "hasten's error naming what it returned")
+def p_loss_dict(d: Path):
+    r = python("""
+        import torch
+        from hasten import Trainer
+        from torch.utils.data import DataLoader, TensorDataset
+        dl = DataLoader(TensorDataset(torch.randn(16, 8), torch.randint(0, 4, (16,))), batch_size=8)
+        try:
+            Trainer(torch.nn.Linear(8, 4), dl, loss_fn=lambda o, t: {"loss": o.sum()}, max_duration="1ba", device="cpu").fit()
+        except Exception as e:
+            print(type(e).__name__, e)
+    """, d)
+    return "TrainingError the loss function returned a dict" in r.stdout, r.stdout.strip()[:150]
+
+
+@probe("model outputs that do not fit the loss", "hasten's error naming both shapes")
+def p_loss_shape(d: Path):
+    r = python("""
+        import torch
+        from hasten import Trainer
+        from torch.utils.data import DataLoader, TensorDataset
+        dl = DataLoader(TensorDataset(torch.randn(16, 8), torch.arange(16) % 4), batch_size=8)   # 4 classes
+        try:
+            Trainer(torch.nn.Linear(8, 3), dl, max_duration="1ba", device="cpu").fit()
+        except Exception as e:
+            print(type(e).__name__, e)
+    """, d)
+    return r.stdout.startswith("TrainingError") and "(8, 3)" in r.stdout, r.stdout.strip()[:150]
+
+
+# ---------------------------------------------------------------------------- hasten bench
+for _args, _needle in ((["--target", "val/loss<<1"], "cannot read target"), (["--target", "val/loss<=1", "--seeds", "0"], "--seeds"),
+                       (["--target", "val/loss<=1", "--seeds", "-1"], "--seeds")):
+    def _mk(args=_args, needle=_needle):
+        def fn(d: Path):
+            r = hasten("bench", "tiny.yaml", *args, "--out", "b", cwd=d)
+            ok, got = one_line(r)
+            return ok and needle in r.stderr and not (d / "b").exists(), got
+        return fn
+    probe(f"hasten bench {' '.join(_args)}", "one-line error before any run")(_mk())
+
+
+@probe("hasten bench with a misspelled recipe", "one-line 'did you mean', no run started")
+def p_bench_typo(d: Path):
+    r = hasten("bench", "shakespeare-char-basline", "--target", "val/loss<=1", "--out", "b", cwd=d)
+    ok, got = one_line(r)
+    return ok and "Did you mean" in r.stderr and not (d / "b").exists(), got
+
+
+@probe("Ctrl-C to hasten bench", "worker stopped (no orphan), temporary folder removed, exit 130, how to continue")
+def p_bench_ctrl_c(d: Path):
+    tmp = d / "tmp"
+    tmp.mkdir()
+    proc = subprocess.Popen([sys.executable, "-m", "hasten.cli", "bench", "tiny.yaml", "trainer.max_duration=100000ba",
+                             "--target", "val/loss<=1", "--out", "b", "--name", "c"], cwd=d, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env={**os.environ, "TMPDIR": str(tmp)},
+                            start_new_session=True)
+    deadline = time.time() + 60
+    while time.time() < deadline and not list((d / "b" / "c" / "logs").glob("*.jsonl")):
+        time.sleep(0.1)
+    time.sleep(2)
+    os.killpg(proc.pid, signal.SIGINT)   # the terminal's foreground group: bench alone (its worker has its own session)
+    out, err = proc.communicate(timeout=90)
+    orphans = subprocess.run(["pgrep", "-f", f"hasten.bench.worker {tmp}"], capture_output=True, text=True).stdout.split()
+    temps = list(tmp.glob("hasten-bench-*"))
+    ok = proc.returncode == 130 and not orphans and not temps and "Continue with the same command" in err
+    return ok, f"exit {proc.returncode}; orphans {orphans}; temporaries {len(temps)}"
+
+
+@probe("SIGTERM to a bench worker", "recorded interrupted, not counted, rerun when continued")
+def p_bench_worker_term(d: Path):
+    args = ["bench", "tiny.yaml", "--target", "val/loss<=9", "--seeds", "1", "--out", str(d / "b"), "--name", "w"]
+    proc = popen(*args, "trainer.max_duration=100000ba", cwd=d)
+    deadline, pid = time.time() + 60, None
+    while time.time() < deadline and pid is None:
+        logs = list((d / "b" / "w" / "logs").glob("*.jsonl")) if (d / "b" / "w" / "logs").is_dir() else []
+        found = subprocess.run(["pgrep", "-f", "hasten.bench.worker .*" + str(d)], capture_output=True, text=True).stdout.split()
+        if found and logs and logs[0].read_text():
+            pid = int(found[0])
+        time.sleep(0.1)
+    os.kill(pid, signal.SIGTERM)
+    proc.communicate(timeout=120)
+    runs = [json.loads(ln) for ln in (d / "b" / "w" / "runs.jsonl").read_text().splitlines()]
+    report = json.loads((d / "b" / "w" / "report.json").read_text())
+    counted = report["recipes"]["tiny"]["runs"]
+    return runs[-1]["status"] == "interrupted" and counted == 0, f"status {runs[-1]['status']}; counted runs {counted}"
+
+
+@probe("a bench run that fails", "listed as failed with its error; exit 1; strict JSON")
+def p_bench_failed(d: Path):
+    r = hasten("bench", "tiny.yaml+data.source=missing.txt", "--target", "val/loss<=9", "--seeds", "1", "--out", "b",
+               "--name", "f", cwd=d)
+    text = (d / "b" / "f" / "report.json").read_text()
+    rep = json.loads(text, parse_constant=lambda c: (_ for _ in ()).throw(ValueError(c)))
+    ok = r.returncode == 1 and rep["failed"] and "missing.txt" in (rep["failed"][0]["error"] or "")
+    return ok, f"exit {r.returncode}; failed: {rep['failed'][0]['error'][:100] if rep['failed'] else None}"
+
+
+# ---------------------------------------------------------------------------- round two (issue 37)
+TRAIN = ["tiny.yaml", "trainer.max_duration=20ba", "--no-progress"]
+
+
+def _trained(d: Path, name: str = "R", *extra) -> Path:
+    r = hasten("train", *TRAIN, *extra, f"trainer.run_dir={name}", cwd=d)
+    assert r.returncode == 0, r.stderr[-300:]
+    return d / name
+
+
+@probe("2.1 `hasten compress R --out notes.txt` with notes.{txt,md,json} of the user's; `--out R/checkpoints/ep0-ba20.pt`",
+       "refused in one line; the user's files and the checkpoint unchanged")
+def p2_compress_out(d: Path):
+    run = _trained(d)
+    for n in ("notes.txt", "notes.md", "notes.json"):
+        (d / n).write_text("mine")
+    ckpt = next((run / "checkpoints").glob("ep*.pt"))
+    before = snapshot(d)
+    r1 = hasten("compress", "R", "--prune", "0.5", "--no-latency", "--out", "notes.txt", cwd=d)
+    r2 = hasten("compress", "R", "--prune", "0.5", "--no-latency", "--out", str(ckpt), cwd=d)
+    (ok1, g1), (ok2, g2) = one_line(r1), one_line(r2)
+    return ok1 and ok2 and snapshot(d) == before, f"{g1}; {g2}"
+
+
+@probe("2.2 compress twice with --finetune-lr 3.0, then 0.01", "two artifacts under two names; neither replaced")
+def p2_compress_settings(d: Path):
+    _trained(d)
+    rs = [hasten("compress", "R", "--prune", "0.5", "--finetune", "4ba", "--finetune-lr", lr, "--no-latency", cwd=d)
+          for lr in ("3.0", "0.01")]
+    names = sorted(p.name for p in (d / "R" / "compressed").glob("*.hasten"))
+    return all(r.returncode == 0 for r in rs) and len(names) == 2, f"artifacts {names}"
+
+
+@probe("2.3 a folder holding the user's metrics.jsonl as trainer.run_dir, with trainer.load_path",
+       "refused in one line before training; the user's file unchanged")
+def p2_user_metrics(d: Path):
+    run = _trained(d)
+    (d / "mine").mkdir()
+    (d / "mine" / "metrics.jsonl").write_text('not JSON\n{"step": 99}\n')
+    before = snapshot(d / "mine")
+    r = hasten("train", *TRAIN, "trainer.run_dir=mine", f"trainer.load_path={next((run / 'checkpoints').glob('ep*.pt'))}",
+               cwd=d)
+    ok, got = one_line(r)
+    return ok and snapshot(d / "mine") == before, got
+
+
+@probe("2.4 `hasten bench` rerun with other shared overrides (20ba, lr 0.05 after 10ba)",
+       "refused in one line naming the difference; the old runs not reported as the new ones")
+def p2_bench_identity(d: Path):
+    first = hasten("bench", "tiny.yaml", "trainer.max_duration=10ba", "--seeds", "1", "--out", "b", "--name", "x", cwd=d)
+    r = hasten("bench", "tiny.yaml", "trainer.max_duration=20ba", "optimizer.lr=0.05", "--seeds", "1", "--out", "b",
+               "--name", "x", cwd=d)
+    ok, got = one_line(r)
+    return first.returncode == 0 and ok and "max_duration: '10ba' -> '20ba'" in r.stderr, got
+
+
+@probe("2.5 `hasten train --resume R optimizer.lr=0.5 --force`", "the logged learning rate after the resume is 0.5")
+def p2_forced_lr(d: Path):
+    _trained(d, "R", "schedule.name=constant", "schedule.warmup=0ba", "trainer.log_interval=10ba")
+    r = hasten("train", "--resume", "R", "optimizer.lr=0.5", "trainer.max_duration=30ba", "--force", "--no-progress", cwd=d)
+    lrs = {row["step"]: row["train/lr"] for row in map(json.loads, (d / "R" / "metrics.jsonl").read_text().splitlines())
+           if "train/lr" in row}
+    return r.returncode == 0 and lrs.get(30) == 0.5, f"exit {r.returncode}; lr by step {lrs}"
+
+
+@probe("2.6 a masked-LM-like batch (targets mostly -100)", "val/loss and the step's loss equal F.cross_entropy(ignore_index=-100)")
+def p2_ignore_index(d: Path):
+    r = python("""
+        import torch, torch.nn.functional as F
+        from hasten import Trainer
+        torch.manual_seed(0)
+        x = torch.randint(0, 11, (12, 5)); y = torch.randint(0, 11, (12, 5)); y[:, 1:] = -100
+        m = torch.nn.Sequential(torch.nn.Embedding(11, 6), torch.nn.Linear(6, 11))
+        true = F.cross_entropy(m(x).flatten(0, 1), y.flatten(), ignore_index=-100).item()
+        t = Trainer(m, [(x, y)], eval_dataloader=[(x, y)], max_duration="1ba", device="cpu", grad_accum=3,
+                    optimizers=lambda m: torch.optim.SGD(m.parameters(), lr=0.0), log_interval="1ba")
+        t.fit()
+        print(true, t.logger.latest["train/loss"], t.state.eval_metrics["val/loss"])
+    """, d)
+    true, train, val = map(float, r.stdout.split())
+    return abs(train - true) < 1e-5 and abs(val - true) < 1e-5, f"true {true:.4f}, train/loss {train:.4f}, val/loss {val:.4f}"
+
+
+@probe("2.7 `hasten bench --target 'val/los<=4'` (a metric no run logs)", "one-line error before any run, naming what is logged")
+def p2_bench_metric(d: Path):
+    r = hasten("bench", "tiny.yaml", "--target", "val/los<=4", "--out", "b", cwd=d)
+    ok, got = one_line(r)
+    return ok and "val/loss" in r.stderr and not (d / "b").exists(), got
+
+
+@probe("2.8 `hasten bench X X --seeds 1`", "'1 seed: no interval', never a zero-width interval")
+def p2_one_seed(d: Path):
+    r = hasten("bench", "tiny.yaml", "tiny.yaml", "trainer.max_duration=10ba", "--seeds", "1", "--out", "b", cwd=d)
+    return r.returncode == 0 and "1 seed: no interval" in r.stdout, next(
+        (ln for ln in r.stdout.splitlines() if "no interval" in ln), r.stderr[-150:])[:150]
+
+
+@probe("2.9 SIGTERM to hasten train, then `&& next`", "checkpoint written, exit 143: the next command does not run")
+def p2_sigterm_exit(d: Path):
+    proc = popen("train", "tiny.yaml", "trainer.max_duration=100000ba", "--no-progress", "trainer.run_dir=T", cwd=d)
+    wait_for_step(d / "T", 20, proc)
+    os.kill(proc.pid, signal.SIGTERM)
+    proc.communicate(timeout=120)
+    saved = list((d / "T" / "checkpoints").glob("ep*.pt"))
+    return proc.returncode == 143 and bool(saved), f"exit {proc.returncode}; checkpoint {[p.name for p in saved]}"
+
+
+@probe("2.10 `hasten train ... data.batch_size=1 --nproc 2`, then Ctrl-C to a second such launch",
+       "the first ends (no deadlock); Ctrl-C leaves no worker behind and the run folder unlocked")
+def p2_small_global_batch(d: Path):
+    r = hasten("train", *TRAIN, "data.batch_size=1", "trainer.run_dir=N", "--nproc", "2", cwd=d, timeout=240)
+    proc = popen("train", "tiny.yaml", "trainer.max_duration=100000ba", "--no-progress", "trainer.run_dir=M", "--nproc", "2",
+                 cwd=d)
+    wait_for_step(d / "M", 20, proc, timeout=180)
+    os.kill(proc.pid, signal.SIGINT)
+    proc.communicate(timeout=120)
+    time.sleep(1)
+    left = subprocess.run(["pgrep", "-f", "run_dir=M"], capture_output=True, text=True).stdout.split()
+    again = hasten("train", "--resume", "M", "trainer.max_duration=40ba", "--no-progress", cwd=d)
+    ok = r.returncode == 0 and not left and "in use" not in again.stderr
+    return ok, f"first exit {r.returncode}; Ctrl-C exit {proc.returncode}; workers left {left}; resume exit {again.returncode}"
+
+
+@probe("2.11 a Trainer over a loader with no batches (drop_last, 5 samples, batch 8)", "an error naming the loader, at once")
+def p2_empty_loader(d: Path):
+    r = python("""
+        import torch
+        from hasten import Trainer
+        from torch.utils.data import DataLoader, TensorDataset
+        dl = DataLoader(TensorDataset(torch.randn(5, 8), torch.zeros(5, dtype=torch.long)), batch_size=8, drop_last=True)
+        try:
+            Trainer(torch.nn.Linear(8, 4), dl, max_duration="20ba", device="cpu", save_folder="ck").fit()
+        except Exception as e:
+            print(type(e).__name__, e)
+    """, d, timeout=60)
+    left = list((d / "ck").glob("ep*")) if (d / "ck").exists() else []
+    return r.stdout.startswith("TrainingError") and "drop_last True" in r.stdout and not left, r.stdout.strip()[:150]
+
+
+@probe("2.12 a recipe with a YAML alias bomb in description:", "one-line error in seconds, no memory blow-up")
+def p2_alias_bomb(d: Path):
+    lines = ["base: shakespeare-char-baseline", 'a0: &a0 ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]']
+    lines += [f"a{i}: &a{i} [" + ", ".join([f"*a{i - 1}"] * 9) + "]" for i in range(1, 9)] + ["description: *a8"]
+    (d / "bomb.yaml").write_text("\n".join(lines) + "\n")
+    t0 = time.perf_counter()
+    r = hasten("train", "bomb.yaml", "--no-progress", cwd=d, timeout=60)
+    ok, got = one_line(r)
+    return ok and time.perf_counter() - t0 < 30, got
+
+
+@probe("2.13 `hasten train ... | head -n 3`", "training goes on to its end; checkpoint written; a line on stderr")
+def p2_closed_stdout(d: Path):
+    proc = subprocess.Popen([sys.executable, "-m", "hasten.cli", "train", *TRAIN, "trainer.run_dir=P"], cwd=d,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    for _ in range(2):
+        proc.stdout.readline()
+    proc.stdout.close()
+    err = proc.stderr.read()
+    code = proc.wait(timeout=120)
+    ok = code == 0 and (d / "P" / "checkpoints" / "ep0-ba20.pt").is_file() and "standard output was closed" in err
+    return ok, f"exit {code}; {err.strip()[:120]}"
+
+
+@probe("2.14 Ctrl-C while hasten imports; SIGTERM while a run is set up", "one line, no traceback; no half-made run folder")
+def p2_early_signals(d: Path):
+    # the `hasten` command as installed (hasten_entry, which turns a Ctrl-C during the imports into one line)
+    proc = subprocess.Popen([sys.executable, "-m", "hasten_entry", "recipes"], cwd=d, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(0.3)
+    proc.send_signal(signal.SIGINT)
+    _, err1 = proc.communicate(timeout=60)
+    (d / "big.txt").write_text("To be, or not to be, that is the question.\n" * 500000)
+    proc = subprocess.Popen([sys.executable, "-m", "hasten.cli", "train", *TRAIN, "data.source=big.txt",
+                             "trainer.run_dir=S/run"], cwd=d, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 60
+    while not (d / "S" / "run" / ".hasten.lock").exists() and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGTERM)
+    _, err2 = proc.communicate(timeout=120)
+    ok = "Traceback" not in err1 + err2 and len(err1.strip().splitlines()) <= 1 and not (d / "S").exists()
+    return ok, f"Ctrl-C: {err1.strip()[:60]!r}; SIGTERM exit {proc.returncode}, folder left: {(d / 'S').exists()}"
+
+
+for _value, _needle in (("trainer.eval_interval=0ba", "interval"), ("data.token_dtype=float7", "token_dtype"),
+                        ("algorithms.ema=5", "not a section"), ("trainer.device=cuda", "not available"),
+                        ("optimizer.lr_multipliers={'*.bias': fast}", "expected a number")):
+    def _mk15(value=_value, needle=_needle):
+        def fn(d: Path):
+            r = hasten("train", *TRAIN, value, "trainer.run_dir=V", cwd=d)
+            ok, got = one_line(r)
+            return ok and needle in r.stderr and r.returncode == 2 and not (d / "V").exists(), got
+        return fn
+    probe(f"2.15 `{_value}`", "one-line error naming the key and what is allowed, before data loads; nothing written")(_mk15())
+
+
+@probe("2.15 token ids beyond the vocabulary; `hasten bench --eval-every 0ba`", "one-line errors naming the file or the option")
+def p2_token_range(d: Path):
+    import numpy as np
+    np.arange(300, dtype=np.uint16).tofile(d / "t.bin")
+    r1 = hasten("train", *TRAIN, "data.tokenizer=none", "data.train_file=t.bin", "data.val_file=t.bin", "model.vocab_size=256",
+                "trainer.run_dir=W", cwd=d)
+    r2 = hasten("bench", "tiny.yaml", "--eval-every", "0ba", "--out", "b", cwd=d)
+    (ok1, g1), (ok2, g2) = one_line(r1), one_line(r2)
+    return ok1 and ok2 and "t.bin" in r1.stderr and not (d / "W").exists(), f"{g1}; {g2}"
+
+
+@probe("2.16 a checkpoint of a newer format; a model that no longer fits its checkpoint",
+       "one message each: what was found, what was expected, what to do")
+def p2_checkpoint_messages(d: Path):
+    import torch
+    run = _trained(d)
+    ckpt = next((run / "checkpoints").glob("ep*.pt"))
+    r1 = hasten("train", *TRAIN, "model.n_embd=32", "trainer.run_dir=X", f"trainer.load_path={ckpt}", cwd=d)
+    payload = torch.load(ckpt, weights_only=True)
+    payload["format"] = 2
+    torch.save(payload, ckpt)
+    r2 = hasten("train", "--resume", "R", "trainer.max_duration=30ba", "--no-progress", cwd=d)
+    (ok1, g1), (ok2, g2) = one_line(r1), one_line(r2)
+    ok = ok1 and ok2 and "is [" in r1.stderr and "newer hasten" in r2.stderr and "beginning" not in r2.stdout
+    return ok, f"{g1[:80]}; {g2[:80]}"
+
+
+@probe("2.17 --resume after every checkpoint was deleted; SIGKILL during compress, then compress again",
+       "each step logged once; the killed compress's temporary removed")
+def p2_resume_and_temporaries(d: Path):
+    run = _trained(d)
+    for p in (run / "checkpoints").glob("ep*.pt"):
+        p.unlink()
+    r = hasten("train", "--resume", "R", "--no-progress", cwd=d)
+    rows = [json.loads(ln) for ln in (run / "metrics.jsonl").read_text().splitlines()]
+    keys = [(row["step"], k) for row in rows for k in row if k != "step"]
+    proc = popen("compress", "R", "--prune", "0.5", "--no-latency", cwd=d)
+    deadline = time.time() + 120
+    while time.time() < deadline and not list((run / "compressed").glob(".*.tmp")) if (run / "compressed").exists() else True:
+        if proc.poll() is not None:
+            break
+        time.sleep(0.005)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    torn = [p.name for p in (run / "compressed").glob(".*.tmp")] if (run / "compressed").exists() else []
+    again = hasten("compress", "R", "--prune", "0.5", "--no-latency", cwd=d)
+    left = [p.name for p in (run / "compressed").glob(".*.tmp")]
+    ok = r.returncode == 0 and len(keys) == len(set(keys)) and again.returncode == 0 and not left
+    return ok, f"steps once: {len(keys) == len(set(keys))}; torn temporaries {torn}; left after {left}"
+
+
+@probe("2.18 EMA whose average is worse than the trained weights (a short BN run)",
+       "the better weights kept and said; without an evaluation set, what was put in is said")
+def p2_ema_worse(d: Path):
+    r = python("""
+        import warnings, torch
+        from hasten import Trainer
+        from hasten.algorithms import EMA
+        torch.manual_seed(0)
+        x = torch.randn(256, 8); y = (x @ torch.randn(8, 4)).argmax(1)
+        data = [(x[i:i + 32], y[i:i + 32]) for i in range(0, 256, 32)]
+        for ev in (data, None):
+            torch.manual_seed(0)
+            net = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.BatchNorm1d(16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+            with warnings.catch_warnings(record=True) as w:
+                warnings.simplefilter("always")
+                t = Trainer(net, data, eval_dataloader=ev, max_duration="16ba", eval_interval="16ba", device="cpu",
+                            algorithms=[EMA(decay=0.9)], optimizers=lambda m: torch.optim.SGD(m.parameters(), lr=0.5))
+                t.fit()
+            print([str(m.message) for m in w if "ema" in str(m.message)])
+    """, d)
+    lines = r.stdout.strip().splitlines()
+    ok = len(lines) == 2 and "kept" in lines[0] and "untested" in lines[1]
+    return ok, "; ".join(lines)[:150] or r.stderr[-150:]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--only", help="run the probes whose name contains this")
+    ap.add_argument("--name", default="fault_injection")
+    args = ap.parse_args()
+    rows = []
+    for name, expected, fn in PROBES:
+        if args.only and args.only not in name:
+            continue
+        with tempfile.TemporaryDirectory(prefix="hasten-probe-") as tmp:
+            d = Path(tmp)
+            (d / "tiny.yaml").write_text(TINY)
+            t0 = time.perf_counter()
+            try:
+                ok, got = fn(d)
+            except Exception as e:   # a probe that breaks is a failed probe, with the reason
+                ok, got = False, f"probe error: {type(e).__name__}: {e}"[:200]
+            for where in {str(d.resolve()), str(d)}:   # the results name no folder of the machine that ran them
+                got = got.replace(where, "<probe>")
+            rows.append({"probe": name, "expected": expected, "got": got, "ok": bool(ok),
+                         "seconds": round(time.perf_counter() - t0, 1)})
+        print(f"{'ok  ' if ok else 'FAIL'} {name}: {got}", flush=True)
+    passed = sum(r["ok"] for r in rows)
+    md = [f"# Fault injection: {passed}/{len(rows)} probes as promised", "",
+          "| probe | expected | got | ok |", "|---|---|---|---|"]
+    md += [f"| {r['probe']} | {r['expected']} | {r['got'].replace('|', '/')} | {'yes' if r['ok'] else '**no**'} |"
+           for r in rows]
+    write_results(args.name, {"probes": rows, "passed": passed, "total": len(rows)}, "\n".join(md))
+    print(f"{passed}/{len(rows)} probes as promised")
+    return 0 if passed == len(rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,80 @@
+"""The reference and the record, checked: every relative link resolves, the results index
+matches the result folders, benchmarks/ holds its three kinds of script and nothing loose, and
+the guides and the README stay references (no long measurement sections, no overlong lines, a
+short headline table)."""
+import importlib.util
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)\)")
+
+
+def _pages() -> list[Path]:
+    return [ROOT / "README.md"] + sorted((ROOT / "docs").rglob("*.md")) + sorted((ROOT / "benchmarks").rglob("*.md"))
+
+
+def _guides() -> list[Path]:
+    """The README and the guides: docs/ without the results record."""
+    return [ROOT / "README.md"] + [p for p in sorted((ROOT / "docs").rglob("*.md"))
+                                   if (ROOT / "docs" / "results") not in p.parents]
+
+
+def test_every_relative_link_resolves():
+    broken = []
+    for page in _pages():
+        for target in LINK.findall(page.read_text()):
+            path = target.split("#")[0]
+            if path and not re.match(r"^[a-z]+:", path) and not (page.parent / path).exists():
+                broken.append(f"{page.relative_to(ROOT)}: {target}")
+    assert not broken, "\n".join(broken)
+
+
+def _results_tool():
+    spec = importlib.util.spec_from_file_location("results_tool", ROOT / "benchmarks" / "tools" / "results.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_the_results_index_matches_the_folders():
+    tool = _results_tool()
+    assert tool.problems() == []
+    entries = tool.load()
+    assert entries and all(e["status"] in ("current", "superseded") for e in entries)
+    ids = {e["id"] for e in entries}
+    assert all(e["superseded_by"] in ids for e in entries if e["status"] == "superseded")
+
+
+def test_benchmarks_holds_comparisons_probes_and_tools_and_imports_hasten_publicly():
+    top = {p.name for p in (ROOT / "benchmarks").iterdir() if not p.name.startswith((".", "__pycache__"))}
+    assert top == {"README.md", "__init__.py", "comparisons", "probes", "tools", "results"}, top
+    scripts = [p for p in (ROOT / "benchmarks").rglob("*.py") if "results" not in p.parts]
+    private = [f"{p.relative_to(ROOT)}: {m}" for p in scripts
+               for m in re.findall(r"from hasten[\w.]* import [^\n]*\b_[a-z]\w*", p.read_text())]
+    assert not private, private
+    edits = [str(p.relative_to(ROOT)) for p in scripts if "sys.path.insert" in p.read_text()]
+    assert not edits, edits
+
+
+def test_the_guides_are_references_and_the_readme_table_is_short():
+    long_lines = [f"{p.relative_to(ROOT)}:{i}" for p in _guides()
+                  for i, ln in enumerate(p.read_text().splitlines(), 1) if len(ln) > 600]
+    assert not long_lines, long_lines
+    long_sections = []
+    for page in _guides():
+        if page == ROOT / "docs" / "methods" / "README.md":
+            continue   # the cards' summary table, one row a method, generated from the cards
+        lines = page.read_text().splitlines()
+        heads = [i for i, ln in enumerate(lines) if ln.startswith("#")] + [len(lines)]
+        for a, b in zip(heads, heads[1:]):
+            title = lines[a].lower()
+            if any(w in title for w in ("measured", "results", "against", "benchmark")) and b - a > 40:
+                long_sections.append(f"{page.relative_to(ROOT)}: '{lines[a]}' ({b - a} lines)")
+    assert not long_sections, long_sections
+    readme = (ROOT / "README.md").read_text()
+    table = readme.split("<!-- headline results -->")[1].split("<!-- end headline results -->")[0]
+    rows = [ln for ln in table.strip().splitlines()[2:] if ln.startswith("|")]
+    assert 0 < len(rows) <= 12, len(rows)
+    cells = [c for row in rows for c in row.strip("|").split("|") if len(c) > 300]
+    assert not cells, cells
