@@ -256,15 +256,15 @@ def test_sparse_storage_round_trips_exactly_and_shrinks_the_file(tmp_path):
     assert isinstance(packed, dict) and torch.equal(unpack_sparse(packed), w)
     dense = tmp_path / "dense.pt"
     torch.save({"w": w}, dense)
-    size = save_artifact(tmp_path / "a.hasten", {"w": w, "b": torch.randn(7)}, {"x": 1})
+    size = save_artifact(tmp_path / "a.hasten", {"w": w, "b": torch.randn(7)}, {"x": 1, "recipe": {}})
     assert size < 0.6 * dense.stat().st_size
     weights, meta, calib = read_artifact(tmp_path / "a.hasten")
-    assert torch.equal(weights["w"], w) and meta == {"x": 1} and calib is None
+    assert torch.equal(weights["w"], w) and meta == {"x": 1, "recipe": {}} and calib is None
     assert pack_sparse(torch.randn(256, 128)).__class__ is torch.Tensor    # dense stays dense
     q = torch.randint(-128, 128, (64, 32), dtype=torch.int8)
     q[torch.rand(64, 32) < 0.6] = 0                                         # int8 weights of a pruned layer pack too
     assert isinstance(pack_sparse(q), dict) and torch.equal(unpack_sparse(pack_sparse(q)), q)
-    save_artifact(tmp_path / "old.hasten", {"w": w}, {}, calibration=[torch.ones(2, 3)])   # the older int8-static form
+    save_artifact(tmp_path / "old.hasten", {"w": w}, {"recipe": {}}, calibration=[torch.ones(2, 3)])   # the older int8-static form
     assert torch.equal(read_artifact(tmp_path / "old.hasten")[2]["calibration"][0], torch.ones(2, 3))
 
 

@@ -730,6 +730,361 @@ def p2_ema_worse(d: Path):
     return ok, "; ".join(lines)[:150] or r.stderr[-150:]
 
 
+# ---------------------------------------------------------------------------- round three
+CORPUS_WORDS = "the quick brown fox jumps over a lazy dog while seven wise owls sing of rivers".split()
+
+
+def _corpus(path: Path, docs: int = 30, extra: str = "") -> Path:
+    import random
+    rng = random.Random(0)
+    with open(path, "w") as f:
+        for _ in range(docs):
+            f.write(json.dumps({"text": " ".join(rng.choice(CORPUS_WORDS) for _ in range(60)) + extra}) + "\n")
+    return path
+
+
+BPE_TRAIN = ["tiny.yaml", "data.tokenizer=bpe", "data.source=c.jsonl", "data.vocab_size=300", "trainer.max_duration=4ba",
+             "trainer.eval_interval=4ba", "--no-progress"]
+
+
+def _fsdp_dcp(d: Path, code_after: str) -> subprocess.CompletedProcess:
+    """A sharded (.dcp) checkpoint written by an FSDP run in one process, its .metadata replaced
+    by a pickle whose loading runs `touch PWNED`; then `code_after` runs."""
+    return python("""
+        import os, pickle, torch
+        from hasten import Trainer, make_runtime
+        from torch.utils.data import DataLoader, TensorDataset
+        class Payload:
+            def __reduce__(self):
+                return (os.system, ("touch PWNED",))
+        def net():
+            torch.manual_seed(0)
+            return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+        dl = DataLoader(TensorDataset(torch.randn(64, 8), torch.randint(0, 4, (64,))), batch_size=8)
+        rt = make_runtime(device="cpu", parallelism="fsdp")
+        Trainer(net(), dl, max_duration="4ba", runtime=rt, save_folder="ck", save_interval="4ba").fit(summary=False)
+        open("ck/ep0-ba4.dcp/.metadata", "wb").write(pickle.dumps({"x": Payload()}))
+    """ + textwrap.dedent(code_after).replace("\n", "\n        "), d, timeout=180)
+
+
+@probe("3.1 a crafted .dcp whose .metadata runs a command: trainer.load_path, autoresume, compress's export",
+       "refused in one line at each entry; the command never runs")
+def p3_dcp(d: Path):
+    r = _fsdp_dcp(d, """
+        from hasten.checkpoint.sharded import export_whole
+        for how in ("load_path", "autoresume", "export"):
+            try:
+                if how == "load_path":
+                    Trainer(net(), dl, max_duration="6ba", runtime=rt, load_path="ck/ep0-ba4.dcp")
+                elif how == "autoresume":
+                    Trainer(net(), dl, max_duration="6ba", runtime=rt, save_folder="ck", autoresume=True)
+                else:
+                    export_whole("ck/ep0-ba4.dcp", "whole.pt")
+                print(how, "LOADED")
+            except Exception as e:
+                print(how, type(e).__name__, str(e).splitlines()[0][:60])
+        print("ran:", os.path.exists("PWNED"))
+    """)
+    lines = r.stdout.strip().splitlines()
+    ok = len(lines) == 4 and all("CheckpointError" in ln for ln in lines[:3]) and lines[3] == "ran: False"
+    return ok, "; ".join(lines)[:200] or r.stderr[-200:]
+
+
+@probe("3.2 another user's recipe naming os:system; `trainer.run_dir=THEIRS trainer.autoresume=true`",
+       "each refused in one line naming --trust-code; nothing imported")
+def p3_trust(d: Path):
+    if os.geteuid() != 0:
+        return True, "skipped: making a file of another user needs root"
+    theirs = d / "theirs"
+    theirs.mkdir()
+    (theirs / "recipe.yaml").write_text(TINY + "loss: {name: 'os:system'}\n")
+    r1 = hasten("train", "theirs/recipe.yaml", "--no-progress", cwd=d)
+    _trained(d, "T")
+    (d / "T" / "recipe.yaml").write_text((d / "T" / "recipe.yaml").read_text() + "loss: {name: 'os:system'}\n")
+    for p in [theirs, *theirs.rglob("*"), d / "T", *(d / "T").rglob("*")]:
+        os.chown(p, 65534, 65534)
+    r2 = hasten("train", "T/recipe.yaml", "trainer.run_dir=T", "trainer.autoresume=true", "--no-progress", cwd=d)
+    (ok1, g1), (ok2, g2) = one_line(r1), one_line(r2)
+    return ok1 and ok2 and "--trust-code" in r1.stderr + r2.stderr, f"{g1[:90]}; {g2[:90]}"
+
+
+@probe("3.3 data.source=https://...#sha256=../../../E/x", "one line; no folder made outside the data folder")
+def p3_fragment(d: Path):
+    r = hasten("train", "tiny.yaml", "data.tokenizer=bpe", "data.source=https://example.com/c.jsonl#sha256=../../../E/x",
+               cwd=d, env={"HASTEN_DATA": str(d / "data" / "a" / "b")})
+    ok, got = one_line(r)
+    return ok and not (d / "E").exists() and not (d / "data" / "E").exists(), got
+
+
+@probe("3.4 `hasten tune --out DIR` and `hasten bench --out DIR` over the user's tuned.yaml / report.md",
+       "refused in one line before any trial; the user's files unchanged")
+def p3_tune_out(d: Path):
+    (d / "mine").mkdir()
+    (d / "mine" / "tuned.yaml").write_text("mine\n")
+    (d / "b" / "x").mkdir(parents=True)
+    (d / "b" / "x" / "report.md").write_text("mine\n")
+    t0 = time.perf_counter()
+    r1 = hasten("tune", "tiny.yaml", "--budget", "1m", "--out", "mine", cwd=d)
+    r2 = hasten("bench", "tiny.yaml", "--out", "b", "--name", "x", cwd=d)
+    (ok1, g1), (ok2, g2) = one_line(r1), one_line(r2)
+    same = (d / "mine" / "tuned.yaml").read_text() == "mine\n" == (d / "b" / "x" / "report.md").read_text()
+    return ok1 and ok2 and same and time.perf_counter() - t0 < 60, f"{g1[:90]}; {g2[:90]}"
+
+
+_FLAKY_MLFLOW = """
+    import sys, mlflow.tracking
+    calls = [0]
+    real = mlflow.tracking.MlflowClient.log_batch
+    def flaky(self, run_id, metrics=(), params=(), tags=(), **kw):
+        if metrics:
+            calls[0] += 1
+            if calls[0] == 3:
+                raise ConnectionError("503 Service Unavailable")
+        return real(self, run_id, metrics=metrics, params=params, tags=tags, **kw)
+    mlflow.tracking.MlflowClient.log_batch = flaky
+    from hasten.cli import main
+    sys.exit(main(["train", "tiny.yaml", "trainer.max_duration=40ba", "--no-progress", "trainer.run_dir=RUN",
+                   "trainer.mlflow={tracking_uri: 'sqlite:///m.db'}", EXTRA]))
+"""
+
+
+@probe("3.5 an MLflow log_batch raising (503) at the third metrics call",
+       "default: one warning, training ends normally; on_logger_error=stop: checkpoint, resume line, exit 1")
+def p3_tracker_outage(d: Path):
+    r1 = python(_FLAKY_MLFLOW.replace("RUN", "A").replace("EXTRA", "'trainer.log_interval=10ba'"), d)
+    r2 = python(_FLAKY_MLFLOW.replace("RUN", "B").replace("EXTRA", "'trainer.on_logger_error=stop'"), d)
+    warned = "hasten: warning: MLflowLogger failed logging metrics" in r1.stderr
+    saved = list((d / "B" / "checkpoints").glob("ep*.pt"))
+    ok = r1.returncode == 0 and warned and r2.returncode == 1 and bool(saved) and "hasten train --resume B" in r2.stdout
+    return ok, f"default exit {r1.returncode}, warned {warned}; stop exit {r2.returncode}, {[p.name for p in saved]}"
+
+
+@probe("3.6 texts beginning 'Review: ', 'Q: ', 'Note: ', a URL, with data.headers: subject",
+       "left whole (not e-mails)")
+def p3_headers(d: Path):
+    r = python(r"""
+        from hasten.tasks.text_classification import strip_headers
+        texts = ["Review: great\n\nloved it", "Q: why?\n\nA: so", "Note: x", "https://a.b/c\n\nd"]
+        print(sum(strip_headers(t, "subject") == t for t in texts))
+    """, d)
+    return r.stdout.strip() == "4", f"{r.stdout.strip()} of 4 texts left whole {r.stderr[-100:]}"
+
+
+@probe("3.7 --resume after a document was appended to the BPE corpus", "refused in one line: the tokenizer changed")
+def p3_tokenizer(d: Path):
+    _corpus(d / "c.jsonl")
+    r1 = hasten("train", *BPE_TRAIN, "trainer.run_dir=L", cwd=d)
+    with open(d / "c.jsonl", "a") as f:
+        f.write(json.dumps({"text": "zebra quartz jinx vex " * 20}) + "\n")
+    r2 = hasten("train", "--resume", "L", "trainer.max_duration=8ba", "--no-progress", cwd=d)
+    ok, got = one_line(r2)
+    return r1.returncode == 0 and ok and "tokenizer" in r2.stderr, got
+
+
+@probe("3.8 labels `Spam`/`spam`; 1 and 1.0; null; data.val_folders=[hrad]",
+       "each refused in one line naming the labels or the folder")
+def p3_labels(d: Path):
+    got, oks = [], []
+    for rows, extra in (([("spam", "a"), ("Spam", "a"), ("ham", "a")], []), ([(1, "a"), (1.0, "a"), (0, "a")], []),
+                        ([("spam", "a"), (None, "a"), ("ham", "a")], []),
+                        ([("spam", "a"), ("ham", "hard")], ["data.val_folders=[hrad]"])):
+        with open(d / "l.jsonl", "w") as f:
+            for i in range(40):
+                label, folder = rows[i % len(rows)]
+                f.write(json.dumps({"text": f"text {i}", "label": label, "id": str(i), "folder": folder}) + "\n")
+        r = hasten("train", "spam-bert-finetune", "data.source=l.jsonl", *extra, "--no-progress", cwd=d)
+        ok, g = one_line(r)
+        oks.append(ok)
+        got.append(g[8:70])
+    return all(oks), "; ".join(got)
+
+
+@probe("3.9 two `hasten tune` into one --out; a recipe that cannot train",
+       "the second refused in one line while the first runs; the failing recipe: one line, no tuned.yaml, nothing cached")
+def p3_tune_twice(d: Path):
+    first = popen("tune", "tiny.yaml", "--budget", "1m", "--out", "o", cwd=d)
+    deadline = time.time() + 60
+    while not (d / "o" / ".hasten.lock").exists() and time.time() < deadline:
+        time.sleep(0.05)
+    second = hasten("tune", "tiny.yaml", "--budget", "1m", "--out", "o", cwd=d)
+    os.killpg(first.pid, signal.SIGTERM)
+    first.communicate(timeout=60)
+    bad = hasten("tune", "tiny.yaml", "model.n_head=3", "--budget", "1m", "--out", "bad", cwd=d,
+                 env={"HASTEN_DATA": str(d / "hd")})
+    (ok1, g1), (ok2, g2) = one_line(second), one_line(bad)
+    cached = list((d / "hd" / "tune").glob("*.json")) if (d / "hd" / "tune").exists() else []
+    ok = ok1 and "in use" in second.stderr and ok2 and not (d / "bad" / "tuned.yaml").exists() and not cached
+    return ok, f"{g1[:80]}; {g2[:80]}"
+
+
+@probe("3.10 a small zip holding one 64 MiB line as a BPE corpus; SIGTERM while a BPE tokenizer trains",
+       "one line naming the limit within seconds; the command ends within 2 s of SIGTERM, no child left")
+def p3_bomb(d: Path):
+    with zipfile.ZipFile(d / "bomb.zip", "w", zipfile.ZIP_DEFLATED) as z:
+        z.writestr("a.txt", "x" * (64 << 20))
+    t0 = time.perf_counter()
+    r = hasten("train", "tiny.yaml", "data.tokenizer=bpe", "data.source=bomb.zip", "--no-progress", cwd=d, timeout=120)
+    took = time.perf_counter() - t0
+    ok1, g1 = one_line(r)
+    with open(d / "big.jsonl", "w") as f:
+        for i in range(3000):
+            f.write(json.dumps({"text": " ".join(str(i * j) for j in range(3000))}) + "\n")
+    proc = popen("train", "tiny.yaml", "data.tokenizer=bpe", "data.source=big.jsonl", "data.vocab_size=60000",
+                 "trainer.run_dir=Z", "--no-progress", cwd=d)
+    time.sleep(8)
+    kids = subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True, text=True).stdout.split()
+    t1 = time.perf_counter()
+    os.kill(proc.pid, signal.SIGTERM)
+    proc.communicate(timeout=60)
+    stop_s = time.perf_counter() - t1
+    time.sleep(0.3)
+    left = [k for k in kids if Path(f"/proc/{k}").exists()]
+    ok = ok1 and "HASTEN_MAX" in r.stderr and took < 30 and stop_s < 2 and not left
+    return ok, f"{g1[:80]} in {took:.1f} s; SIGTERM: ended in {stop_s:.1f} s, children {len(kids)}, left {left}"
+
+
+@probe("3.11 trainer.mlflow at a server that is not there; an sqlite store that is a folder",
+       "one line naming trainer.mlflow, within 30 s each")
+def p3_tracker_setup(d: Path):
+    (d / "store").mkdir()
+    got, oks = [], []
+    for uri in ("http://127.0.0.1:9", "sqlite:///store"):
+        t0 = time.perf_counter()
+        r = hasten("train", *TRAIN, f"trainer.mlflow={{tracking_uri: '{uri}'}}", "trainer.run_dir=M", cwd=d, timeout=120)
+        took = time.perf_counter() - t0
+        ok, g = one_line(r)
+        oks.append(ok and "trainer.mlflow" in r.stderr and took < 35)
+        got.append(f"{g[:70]} ({took:.0f} s)")
+    return all(oks), "; ".join(got)
+
+
+@probe("3.12 SIGTERM to hasten tune while a trial runs", "exit 143; no trial worker left; its temporary folder removed")
+def p3_tune_sigterm(d: Path):
+    before = set(Path(tempfile.gettempdir()).glob("hasten-tune-*"))
+    proc = popen("tune", "tiny.yaml", "--budget", "2m", "--out", "o", cwd=d)
+    deadline = time.time() + 60
+    while time.time() < deadline and not (set(Path(tempfile.gettempdir()).glob("hasten-tune-*")) - before):
+        time.sleep(0.1)
+    time.sleep(2)
+    kids = subprocess.run(["pgrep", "-f", "hasten.tune.worker"], capture_output=True, text=True).stdout.split()
+    os.kill(proc.pid, signal.SIGTERM)
+    proc.communicate(timeout=60)
+    time.sleep(1)
+    left = [k for k in kids if Path(f"/proc/{k}").exists()]
+    temps = set(Path(tempfile.gettempdir()).glob("hasten-tune-*")) - before
+    ok = proc.returncode == 143 and bool(kids) and not left and not temps
+    return ok, f"exit {proc.returncode}; workers {len(kids)}, left {left}; temporaries left {len(temps)}"
+
+
+@probe("3.13 an image zip copied with `cp -p` over another of the same stem, size and time, other labels",
+       "the decoded cache of each is its own: labels from the zip given")
+def p3_image_cache(d: Path):
+    a, b = _image_zip(d), d / "b" / "cifar.zip"
+    b.parent.mkdir()
+    r = python(f"""
+        import os, zipfile
+        src = zipfile.ZipFile({str(a)!r})
+        with zipfile.ZipFile({str(b)!r}, "w") as z:
+            for n in src.namelist():   # the same images under other class folders: other labels
+                parts = n.split("/")
+                if len(parts) == 3:
+                    parts[1] = "airplane" if parts[1] != "airplane" else "truck"
+                z.writestr("/".join(parts), src.read(n))
+        st = os.stat({str(a)!r})
+        os.utime({str(b)!r}, (st.st_atime, st.st_mtime))
+        print(os.path.getsize({str(b)!r}) == st.st_size)
+        os.environ["HASTEN_DATA"] = {str(d / 'hd')!r}
+        from hasten.data.cifar import read_image_zip
+        print(int(read_image_zip({str(a)!r}).train_y[0]), int(read_image_zip({str(b)!r}).train_y[0]))
+    """, d)
+    out = r.stdout.split()
+    return len(out) == 3 and out[1] != out[2], f"same size: {out[:1]}; first label a, b: {out[1:]} {r.stderr[-100:]}"
+
+
+for _name, _kw, _needle in (
+        ("an artifact whose meta has no recipe", "no_recipe", "holds no recipe"),
+        ("an artifact whose meta nests 100k `[`", "nested", "RecursionError"),
+        ("a checkpoint whose timestamp is {'batch': 'forty'}", "forty", "field batch"),
+        ("a checkpoint whose timestamp is {'get': 5}", "get", "unknown field 'get'")):
+    def _mk_meta(kw=_kw, needle=_needle):
+        def fn(d: Path):
+            run = _trained(d)
+            ckpt = next((run / "checkpoints").glob("ep*.pt"))
+            if kw in ("no_recipe", "nested"):
+                r0 = hasten("compress", "R", "--prune", "0.5", "--no-latency", "--out", "a.hasten", cwd=d)
+                assert r0.returncode == 0, r0.stderr[-200:]
+                target = d / "a.hasten"
+            else:
+                target = ckpt
+            python(f"""
+                import json, torch
+                p = torch.load({str(target)!r}, weights_only=True)
+                meta = json.loads(p["meta"])
+                if {kw!r} == "no_recipe": meta.pop("recipe")
+                elif {kw!r} == "forty": meta["timestamp"] = {{"batch": "forty"}}
+                elif {kw!r} == "get": meta["timestamp"] = {{"get": 5}}
+                p["meta"] = "[" * 100000 if {kw!r} == "nested" else json.dumps(meta)
+                torch.save(p, {str(target)!r})
+            """, d)
+            r = (hasten("eval", "a.hasten", cwd=d) if kw in ("no_recipe", "nested") else
+                 hasten("train", *TRAIN, "trainer.run_dir=N", f"trainer.load_path={ckpt}", cwd=d))
+            ok, got = one_line(r)
+            return ok and needle in r.stderr and not (d / "N").exists(), got
+        return fn
+    probe(f"3.14 {_name}", "one line: what was found, what hasten writes; no run folder left")(_mk_meta())
+
+
+@probe("3.15 `base: ../d1/loop.yaml` inside d1/loop.yaml", "one short line naming the loop")
+def p3_base_loop(d: Path):
+    (d / "d1").mkdir()
+    (d / "d1" / "loop.yaml").write_text("base: ../d1/loop.yaml\n")
+    r = hasten("train", "d1/loop.yaml", cwd=d)
+    ok, got = one_line(r)
+    return ok and "loops back" in r.stderr and len(r.stderr) < 400, got
+
+
+for _value, _needle in (("trainer.seed=1e30", "trainer.seed"), ("trainer.memory_limit=1.5.5MB", "trainer.memory_limit"),
+                        ("trainer.mlflow={experiment: 5}", "trainer.mlflow")):
+    def _mk_key(value=_value, needle=_needle):
+        def fn(d: Path):
+            r = hasten("train", *TRAIN, value, "trainer.run_dir=K", cwd=d)
+            ok, got = one_line(r)
+            return ok and needle in r.stderr and not (d / "K").exists(), got
+        return fn
+    probe(f"3.16 `{_value}`", "one line naming the key")(_mk_key())
+
+
+@probe("3.17 a damaged token cache (.npz); HASTEN_DATA pointing at a file",
+       "the cache rebuilt and training goes on; HASTEN_DATA: one line")
+def p3_caches(d: Path):
+    _corpus(d / "c.jsonl")
+    hd = {"HASTEN_DATA": str(d / "hd")}
+    r1 = hasten("train", *BPE_TRAIN, "trainer.run_dir=C1", cwd=d, env=hd)
+    for npz in (d / "hd" / "tokens").glob("*.npz"):
+        npz.write_bytes(b"PK\x03\x04 damaged")
+    r2 = hasten("train", *BPE_TRAIN, "trainer.run_dir=C2", cwd=d, env=hd)
+    (d / "file").write_text("x")
+    r3 = hasten("train", *BPE_TRAIN, "trainer.run_dir=C3", cwd=d, env={"HASTEN_DATA": str(d / "file")})
+    ok3, g3 = one_line(r3)
+    return r1.returncode == 0 and r2.returncode == 0 and ok3, f"token cache: exit {r2.returncode}; {g3[:90]}"
+
+
+@probe("3.18 a factory dataset without targets; trainer.profile=10 in a 3-step run; a model module calling sys.exit(3)",
+       "one line naming the factory; a warning that nothing was profiled; one line naming the module")
+def p3_user_code(d: Path):
+    (d / "nt.py").write_text("import torch\nfrom torch.utils.data import Dataset\n\n\nclass D(Dataset):\n"
+                             "    def __len__(self):\n        return 16\n\n    def __getitem__(self, i):\n"
+                             "        return torch.zeros(4, dtype=torch.long)\n\n\ndef make():\n    return D(), None\n")
+    (d / "ex.py").write_text("import sys\nsys.exit(3)\n")
+    r1 = hasten("train", *TRAIN, "data.factory=nt:make", "model.vocab_size=65", "trainer.run_dir=F1", cwd=d)
+    r2 = hasten("train", "tiny.yaml", "trainer.max_duration=3ba", "trainer.profile=10", "--no-progress",
+                "trainer.run_dir=F2", cwd=d)
+    r3 = hasten("train", *TRAIN, "model.name=ex:Net", "trainer.run_dir=F3", cwd=d)
+    (ok1, g1), (ok3, g3) = one_line(r1), one_line(r3)
+    warned = "nothing was profiled" in r2.stderr
+    return ok1 and r2.returncode == 0 and warned and ok3, f"{g1[:60]}; warned {warned}; {g3[:60]}"
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--only", help="run the probes whose name contains this")

@@ -39,7 +39,7 @@ INDEX = RESULTS / "index.json"
 MAX_FILES = 600
 SUBJECTS = ("vision", "language-models", "methods", "compression", "distributed", "systems", "tune", "trainers",
             "reliability")
-DERIVED = ("report.json", "report.png", "ladder.json", "ladder.png", "tune.png", "lr.png")
+DERIVED = ("report.json", "report.png", "ladder.json", "ladder.png", "tune.png", "lr.png", ".hasten-outputs.json", ".hasten.lock")
 ATTEMPT = re.compile(r"-(\d+|v\d+|call\d+|reanalysed|fine|quiet)$")
 FOLDER = re.compile(r"^(\d{4}-\d{2}-\d{2})-(h200|h100|a100|gpu|xeon-amx|xeon-bf16|xeon-avx512|xeon-capped-avx2|"
                     r"epyc-bf16|epyc-avx512|epyc-avx2|epyc-capped-avx2|cpu-avx2|epyc|xeon|unknown-machine)-(.+)$")

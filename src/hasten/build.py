@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime as _dt
 import inspect
 import json
+import threading
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,7 +23,7 @@ from .files import LOCK_NAME, FolderLock, atomic_write, ensure_writable_dir
 from .loggers import ConsoleLogger, JSONLLogger, MLflowLogger, TensorBoardLogger, WandbLogger
 from .optim import LRSchedule
 from .optim.factory import build_optimizer
-from .runs import RECIPE_FILE, RUN_OUTPUTS, TRACKERS_FILE, check_run_folder, write_run_folder
+from .runs import RECIPE_FILE, RUN_OUTPUTS, TRACKERS_FILE, check_run_folder, check_tokenizer_of_source, write_run_folder
 from .runtime import Runtime, make_runtime, resolve_device
 from .schema import group_from
 from .tasks import TASKS
@@ -160,6 +161,8 @@ def build_run(recipe: Recipe, progress_bar: bool | None = None, console_logger: 
     trainer = None
     try:
         built = TASKS[recipe.task].make(recipe, runtime)
+        if t.load_path and not changes:   # fine-tuning from another run: the same tokenizer
+            check_tokenizer_of_source(t.load_path, getattr(recipe.data, "tokenizer_sha256", None))
         # a resume that changes the optimizer's settings (allowed with --force) applies them
         hyperparameters = "run" if any(k.startswith("optimizer.") for k in changes or {}) else "checkpoint"
         trainer = _trainer(recipe, built, algorithms, run_dir, runtime, progress_bar, console_logger, hyperparameters)
@@ -191,6 +194,33 @@ def _share_main_result(error: BaseException | None, changes):
     return box[1]
 
 
+TRACKER_SETUP_S = 30.0   # a tracker that cannot be reached fails the run's set-up within this
+
+
+def _set_up_tracker(key: str, make):
+    """`make()` within TRACKER_SETUP_S seconds, in a thread (a tracker's client may retry for
+    minutes); any failure is one line naming the setting."""
+    box: dict = {}
+
+    def run():
+        try:
+            box["logger"] = make()
+        except BaseException as e:   # handed to the caller's thread
+            box["error"] = e
+    worker = threading.Thread(target=run, name=f"hasten-{key}-setup", daemon=True)
+    worker.start()
+    worker.join(TRACKER_SETUP_S)
+    if worker.is_alive():
+        raise ConfigError(f"trainer.{key}: the tracker did not answer within {TRACKER_SETUP_S:.0f} s; check that its "
+                          f"server is up and its address right, or remove trainer.{key}")
+    e = box.get("error")
+    if e is not None:
+        first = (str(e).strip().splitlines() or [""])[0][:300]
+        raise ConfigError(f"trainer.{key}: could not start the tracker ({type(e).__name__}: {first}); check its "
+                          f"settings, or remove trainer.{key}") from e
+    return box["logger"]
+
+
 def tracker_loggers(t, run_dir: Path, name: str) -> list:
     """The MLflow and W&B loggers the recipe asks for (trainer.mlflow, trainer.wandb); their run
     ids are kept in the run folder, so a resumed run continues the same tracker run."""
@@ -213,7 +243,7 @@ def tracker_loggers(t, run_dir: Path, name: str) -> list:
             inspect.signature(cls).bind(**args)
         except TypeError as e:
             raise ConfigError(f"trainer.{key}: {e} (it takes {sorted(inspect.signature(cls).parameters)})") from None
-        logger = cls(**args)
+        logger = _set_up_tracker(key, lambda: cls(**args))
         ids[key] = getattr(logger, id_arg)
         made.append(logger)
     if made:

@@ -12,6 +12,7 @@ import os
 import re
 import shlex
 import signal
+import warnings
 import subprocess
 import sys
 import tempfile
@@ -26,7 +27,7 @@ from rich.console import Console
 from .version import __version__
 from .bench.ladder import ladder_markdown, ladder_plot, ladder_specs
 from .bench.report import latest_per_run, resolve_target, write_report
-from .bench.runner import BenchInterrupted, Spec, check_earlier_runs, outcome, run_comparison, unique_labels
+from .bench.runner import BenchInterrupted, Spec, bench_outputs, check_earlier_runs, outcome, run_comparison, unique_labels
 from .bench.target import Target
 from .build import build_algorithms, build_run
 from .compress.artifact import require_artifact
@@ -37,7 +38,8 @@ from .core import Time, TimeUnit
 from .core.algorithm import parallel_refusal_message
 from .distributed.world import leave_worker
 from .errors import ConfigError, HastenError
-from .files import ensure_writable_dir
+from .files import atomic_write, ensure_writable_dir
+from .processes import Terminated, raise_terminated
 from .runs import resume_recipe
 from .usercode import TRUST_ENV, trust_code_here_and_in_workers
 from .tasks import TASKS
@@ -54,14 +56,6 @@ def _cmd_recipes(args) -> int:
     for name, desc in recipes.items():
         print(f"{name:<{width}}  {desc}")
     return 0
-
-
-class Terminated(BaseException):
-    """SIGTERM outside training (set-up, the end): unwinds like Ctrl-C, so what was made is undone."""
-
-
-def _terminate(signum, frame):
-    raise Terminated()
 
 
 def _cmd_train(args) -> int:
@@ -88,7 +82,7 @@ def _cmd_train(args) -> int:
         return 0
     if threading.current_thread() is not threading.main_thread():   # handlers are the main thread's to set
         return _train(args, recipe, console)
-    old_sigterm = signal.signal(signal.SIGTERM, _terminate)   # set-up stopped by SIGTERM undoes it, as Ctrl-C does
+    old_sigterm = signal.signal(signal.SIGTERM, raise_terminated)   # set-up stopped by SIGTERM undoes it, as Ctrl-C does
     try:
         return _train(args, recipe, console)
     finally:
@@ -114,7 +108,7 @@ def _train(args, recipe, console) -> int:
     run.trainer.resume_hint = ""   # a stop by a signal ends with the command that resumes it, below
     try:
         run.trainer.fit(summary=False)
-        finished = state.stop_reason not in ("sigterm", "sigint")
+        finished = state.stop_reason not in ("sigterm", "sigint", "logger")
     finally:
         discard = not finished and not run.trained   # stopped before its first step: it leaves nothing behind
         run.close(discard=discard)
@@ -122,6 +116,12 @@ def _train(args, recipe, console) -> int:
             print(f"hasten: the run stopped before its first step; removed what it had made in {run.run_dir}",
                   file=sys.stderr)
     wall = time.perf_counter() - t0
+    if state.stop_reason == "logger":
+        saved = f"checkpoint: {state.last_checkpoint}" if state.last_checkpoint else "no checkpoint was written"
+        console.print(f"stopped after batch {state.timestamp.batch}: {run.trainer.logger.failure}; {saved}. Resume "
+                      f"with: hasten train --resume {run.run_dir} (add trainer.on_logger_error=continue to train on "
+                      "without that logger)")
+        return 1
     if state.stop_reason in ("sigterm", "sigint"):
         what = "Ctrl-C" if state.stop_reason == "sigint" else "SIGTERM"
         saved = f"checkpoint: {state.last_checkpoint}" if state.last_checkpoint else "no checkpoint was written"
@@ -327,6 +327,16 @@ def _cmd_eval(args) -> int:
 
 
 def _cmd_tune(args) -> int:
+    if threading.current_thread() is not threading.main_thread():
+        return _tune(args)
+    old_sigterm = signal.signal(signal.SIGTERM, raise_terminated)   # a trial's worker and temporaries go with tune
+    try:
+        return _tune(args)
+    finally:
+        signal.signal(signal.SIGTERM, old_sigterm)
+
+
+def _tune(args) -> int:
     console = Console(stderr=True, highlight=False, soft_wrap=True)
     load_recipe(args.recipe, args.overrides)   # every key and value checked before anything runs
     if args.lr:
@@ -396,11 +406,15 @@ def _bench_ladder(args, steps, specs_text, target, seeds, command, console):
     runs = run_comparison([s for _, s in steps], seeds, out_dir, args.cap, console, metric=target.metric, keep=keep)
     tgt = resolve_target(target, runs, "baseline")
     md, rows = ladder_markdown(runs, steps, tgt, f"Ladder: {specs_text[0]} to {args.ladder}", command)
+    outputs = bench_outputs(out_dir)   # checked before the ladder ran
+    outputs.claim(["ladder.md", "ladder.json", "ladder.png"])
     png = ladder_plot(rows, out_dir / "ladder.png")
     if png:
         md += f"\n![time to target per step]({png.name})\n"
-    (out_dir / "ladder.md").write_text(md)
-    (out_dir / "ladder.json").write_text(json.dumps({"command": command, "target": str(tgt), "rows": rows}, indent=2))
+    atomic_write(out_dir / "ladder.md", lambda f: f.write(md), binary=False)
+    atomic_write(out_dir / "ladder.json", lambda f: json.dump({"command": command, "target": str(tgt), "rows": rows}, f,
+                                                             indent=2), binary=False)
+    outputs.record(["ladder.md", "ladder.json", "ladder.png"])
     print(md)
     return runs, out_dir
 
@@ -573,6 +587,17 @@ def _attach_negative_values(argv: list[str]) -> list[str]:
     return out
 
 
+def _show_warning(message, category, filename, lineno, file=None, line=None):
+    """hasten's own warnings as one line, `hasten: warning: ...`; others as Python shows them."""
+    if f"{os.sep}hasten{os.sep}" in str(filename) and category is UserWarning:
+        print(f"hasten: warning: {message}", file=file or sys.stderr)
+    else:
+        _SHOW_WARNING(message, category, filename, lineno, file, line)
+
+
+_SHOW_WARNING = warnings.showwarning
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = make_parser()
     argv = _attach_negative_values(list(sys.argv[1:] if argv is None else argv))
@@ -595,7 +620,9 @@ def main(argv: list[str] | None = None) -> int:
             args.recipe = None
         args.recipe = args.recipe or DEFAULT_RECIPE
     debug = args.debug or os.environ.get("HASTEN_DEBUG", "") not in ("", "0")
-    stdout, trust_before = sys.stdout, os.environ.get(TRUST_ENV)
+    stdout, trust_before, show = sys.stdout, os.environ.get(TRUST_ENV), warnings.showwarning
+    if not debug:
+        warnings.showwarning = _show_warning
     if getattr(args, "trust_code", False):
         trust_code_here_and_in_workers()
     if stdout is not None and not isinstance(stdout, _GoneReader):
@@ -603,7 +630,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         code = _run(args, debug)
     finally:
-        sys.stdout = stdout
+        sys.stdout, warnings.showwarning = stdout, show
         if trust_before is None:   # main() called in a process that goes on: the flag was for this command
             os.environ.pop(TRUST_ENV, None)
     leave_worker(code)   # a torchrun worker exits here, its work done (see leave_worker)

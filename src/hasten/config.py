@@ -9,6 +9,7 @@ allowed, and suggests the closest match.
 from __future__ import annotations
 
 import dataclasses
+import os
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -19,6 +20,8 @@ import yaml
 from .assembly.options import CheckpointOptions, Durations, ParallelOptions, StepOptions
 from .distributed.fsdp import FSDPOptions
 from .errors import ConfigError, brief
+from .loggers.mlflow import options_problem as mlflow_options
+from .loggers.wandb import options_problem as wandb_options
 from .registry import ALGORITHMS, TASKS
 from .runtime import names_float8
 from .usercode import CODE_KEYS, origins_of
@@ -53,9 +56,9 @@ class RunSettings:
     """Write TensorBoard event files, when the tensorboard package is installed."""
     profile: Optional[int] = setting(None, ge=1)
     """Profile this many steps after 5 warm-up steps: where the time goes (a table at the end, RUN/profile/profile.md) and a trace for Perfetto (RUN/profile/trace.json)."""
-    mlflow: Optional[dict[str, Any]] = None
+    mlflow: Optional[dict[str, Any]] = setting(None, check=mlflow_options)
     """Log to MLflow (the mlflow extra): {} or {tracking_uri, experiment, run_name, tags}."""
-    wandb: Optional[dict[str, Any]] = None
+    wandb: Optional[dict[str, Any]] = setting(None, check=wandb_options)
     """Log to Weights & Biases (the wandb extra): {} or {project, name, mode, dir, entity, tags}."""
     threads: Optional[int] = setting(None, ge=1)
     """torch.set_num_threads; default: leave as it is."""
@@ -76,7 +79,7 @@ TrainerConfig = recipe_section(
     order=("max_duration", "eval_interval", "log_interval", "precision", "device", "compile", "compile_mode",
            "compile_optimizer", "grad_accum", "microbatch", "activation_checkpointing", "memory_limit",
            "grad_clip_norm", "seed", "run_dir", "save_interval", "keep_last", "checkpoints", "autoresume", "load_path",
-           "load_mode", "progress_bar", "tensorboard", "profile", "mlflow", "wandb", "threads", "parallelism", "fsdp",
+           "load_mode", "progress_bar", "tensorboard", "profile", "mlflow", "wandb", "on_logger_error", "threads", "parallelism", "fsdp",
            "sync_batchnorm", "dist_timeout_s", "host_allocator"))
 
 
@@ -294,6 +297,31 @@ def available_recipes() -> dict[str, str]:
     return out
 
 
+MAX_BASE_DEPTH = 32
+
+
+def _recipe_key(name_or_path: str) -> str:
+    """What a recipe reference is, whatever its spelling: a file's real path, or a packaged name."""
+    p = Path(name_or_path)
+    if p.suffix in (".yaml", ".yml"):
+        try:
+            return "file:" + os.path.realpath(p)
+        except (OSError, ValueError):
+            return "file:" + name_or_path
+    return "packaged:" + name_or_path
+
+
+def _short(name: str) -> str:
+    """A recipe reference for a message: a file relative to here when that is shorter."""
+    if not name.endswith((".yaml", ".yml")):
+        return name
+    try:
+        rel = os.path.relpath(os.path.realpath(name))
+    except (OSError, ValueError):
+        return name[:120]
+    return min(rel, name, key=len)[:120]
+
+
 def _read_raw(name_or_path: str, seen: tuple = ()) -> tuple[dict, str, dict]:
     """(raw recipe, its name, which file named each code key: hasten.usercode.origins_of)."""
     p = Path(name_or_path)
@@ -327,9 +355,16 @@ def _read_raw(name_or_path: str, seen: tuple = ()) -> tuple[dict, str, dict]:
         # a relative YAML path in 'base' is read from the folder of the file that names it
         if base.endswith((".yaml", ".yml")) and not Path(base).is_absolute() and p.suffix in (".yaml", ".yml"):
             base = str(p.parent / base)
-        if base in seen:
-            raise ConfigError(f"recipe {name_or_path}: 'base' chain loops through {base}")
-        base_raw, _, base_origins = _read_raw(base, seen + (name_or_path,))
+        here, there = _recipe_key(name_or_path), _recipe_key(base)
+        chain = [k for k, _ in seen] + [here]
+        if there in chain:
+            names = [n for _, n in seen] + [name_or_path, base]
+            raise ConfigError(f"recipe {name_or_path}: its 'base' chain loops back to {_short(base)} "
+                              f"({' -> '.join(_short(n) for n in names[chain.index(there):])}); "
+                              "remove the base that names it")
+        if len(chain) >= MAX_BASE_DEPTH:
+            raise ConfigError(f"recipe {name_or_path}: a 'base' chain more than {MAX_BASE_DEPTH} recipes deep")
+        base_raw, _, base_origins = _read_raw(base, seen + ((here, name_or_path),))
         base_raw.pop("description", None)
         _drop_removed(base_raw, raw)
         raw = _deep_merge(base_raw, raw)

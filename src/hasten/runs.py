@@ -34,9 +34,12 @@ RUN_OUTPUTS = ("metrics.jsonl", "tensorboard", RESUMES_FILE, TRACKERS_FILE, "pro
 # keys a resume may change: none of them changes the numbers the run computes
 RESUME_SAFE = frozenset({
     "trainer.max_duration", "trainer.device", "trainer.threads", "trainer.progress_bar", "trainer.tensorboard",
-    "trainer.mlflow", "trainer.wandb", "trainer.microbatch", "trainer.memory_limit", "trainer.profile",
+    "trainer.mlflow", "trainer.wandb", "trainer.on_logger_error", "trainer.microbatch", "trainer.memory_limit", "trainer.profile",
     "trainer.log_interval", "trainer.host_allocator", "trainer.dist_timeout_s", "trainer.keep_last", "trainer.save_interval",
     "data.num_workers", "description"})
+# keys a run records when it first builds its data (hasten.tasks.base.record): a recipe that
+# leaves one unset continues with the recorded value; a different value is a change of the run
+RECORDED = frozenset({"data.tokenizer_sha256", "data.classes"})
 # keys that say where and how to resume, not what the run is
 _RESUME_CONTROL = frozenset({"trainer.run_dir", "trainer.autoresume", "trainer.load_path", "trainer.load_mode"})
 
@@ -62,6 +65,33 @@ def recipe_changes(before: Recipe, after: Recipe) -> dict[str, tuple]:
 
 def is_run_folder(folder: "str | Path") -> bool:
     return (Path(folder) / RECIPE_FILE).is_file()
+
+
+def source_run(load_path: "str | Path") -> "Path | None":
+    """The run folder a `trainer.load_path` comes from (the folder itself, a checkpoint in its
+    checkpoints/, or that folder); None for anything else (a Hugging Face folder, a loose file)."""
+    p = Path(load_path)
+    for folder in (p, p.parent, p.parent.parent):
+        if is_run_folder(folder):
+            return folder
+    return None
+
+
+def check_tokenizer_of_source(load_path: "str | Path", digest: "str | None") -> None:
+    """Fine-tuning from another run: the tokenizer this run built must be the one that run
+    recorded (the same token ids mean the same text); a ConfigError naming both when not."""
+    folder = source_run(load_path) if digest else None
+    if folder is None:
+        return
+    try:
+        recorded = ((yaml.safe_load((folder / RECIPE_FILE).read_text()) or {}).get("data") or {}).get("tokenizer_sha256")
+    except (OSError, yaml.YAMLError, AttributeError):
+        return   # its recipe.yaml is checked where it is read as a run
+    if isinstance(recorded, str) and recorded != digest:
+        raise ConfigError(f"trainer.load_path {load_path}: that run trained with another tokenizer (sha256 "
+                          f"{recorded[:12]}...) than this run builds ({digest[:12]}...); its embeddings would read other "
+                          "tokens. Build the same one (its corpus, vocab_size and tokenizer settings, or its "
+                          "tokenizer file)")
 
 
 def read_resumes(folder: "str | Path") -> list[dict]:
@@ -95,7 +125,13 @@ def check_resume(folder: "str | Path", recipe: Recipe, force: bool = False,
                  stored: Recipe | None = None) -> dict[str, tuple]:
     """Compare `recipe` with the run stored in `folder` (`stored`, when the caller has read it
     already); returns the changes. Changes outside RESUME_SAFE raise ConfigError unless `force`."""
-    changes = recipe_changes(stored if stored is not None else stored_recipe(folder), recipe)
+    stored = stored if stored is not None else stored_recipe(folder)
+    for key in RECORDED:   # unset: the run's recorded value (checked against the data when it is built)
+        section, name = key.split(".")
+        held = getattr(getattr(stored, section), name, None)
+        if held is not None and getattr(getattr(recipe, section), name, held) is None:
+            setattr(getattr(recipe, section), name, held)
+    changes = recipe_changes(stored, recipe)
     unsafe = {k: v for k, v in changes.items() if k not in RESUME_SAFE}
     if unsafe and not force:
         listed = "; ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in unsafe.items())

@@ -83,6 +83,9 @@ class Trainer:
         (e.g. '512MB'); more is out of memory, as on a GPU (what microbatch='auto' reacts to).
     activation_checkpointing: recompute each block's activations in the backward pass instead of
         keeping them (less memory, about one more forward of time), with or without FSDP.
+    on_logger_error: 'continue' (the default): a logger that raises is switched off with one
+        warning and training goes on; 'stop': the run stops cleanly at the end of the step, with
+        a checkpoint, as on SIGTERM.
     compile_optimizer: run each optimizer's step under torch.compile (a dict: its keyword
         arguments); learning rates are then held as tensors on the parameters' device, which
         the schedules write in place, so the step compiles once (hasten.optim.compiled).
@@ -112,7 +115,8 @@ class Trainer:
                  quality: "tuple[str, str] | None" = None, microbatch: "int | str | None" = StepOptions.microbatch,
                  memory_limit: "int | str | None" = StepOptions.memory_limit,
                  activation_checkpointing: bool = StepOptions.activation_checkpointing,
-                 compile_optimizer: "bool | dict" = StepOptions.compile_optimizer):
+                 compile_optimizer: "bool | dict" = StepOptions.compile_optimizer,
+                 on_logger_error: str = Durations.on_logger_error):
         step = StepOptions(grad_accum=grad_accum, grad_clip_norm=grad_clip_norm, compile=compile, batch_fn=batch_fn,
                            count_tokens=count_tokens, microbatch=microbatch, memory_limit=memory_limit,
                            activation_checkpointing=activation_checkpointing, compile_optimizer=compile_optimizer)
@@ -121,7 +125,7 @@ class Trainer:
             train_dataloader=train_dataloader, eval_dataloader=eval_dataloader, optimizers=optimizers,
             schedulers=schedulers, loss_fn=loss_fn, metrics=metrics, algorithms=algorithms, callbacks=callbacks,
             loggers=loggers, durations=Durations(max_duration=max_duration, eval_interval=eval_interval,
-                                                 log_interval=log_interval), step=step,
+                                                 log_interval=log_interval, on_logger_error=on_logger_error), step=step,
             checkpoints=CheckpointOptions(save_folder=save_folder, save_interval=save_interval, load_path=load_path,
                                           autoresume=autoresume, io=checkpoint_io),
             parallel=ParallelOptions(sync_batchnorm=sync_batchnorm, fsdp=fsdp or {}), quality=quality))
@@ -696,17 +700,19 @@ class Trainer:
         self._evaluated_at = self.state.timestamp.batch
 
     def _save_on_signal(self) -> None:
-        state, what = self.state, self._stop.what
+        state, what = self.state, f"{self._stop.what} received"
         state.stop_training, state.stop_reason = True, self._stop.reason or "sigterm"
+        if state.stop_reason == "logger":
+            what = f"{self.logger.failure}; trainer.on_logger_error is stop"
         if not (self.world.is_main or self.world.sharded):   # a sharded model is gathered by every rank
             return
         if self.checkpointer is None:
             if self.world.is_main:
-                warnings.warn(f"{what} received: training stopped; no save_folder, so no checkpoint was written")
+                warnings.warn(f"{what}: training stopped; no save_folder, so no checkpoint was written")
             return
         path = self.checkpointer.save(state)
         if self.world.is_main:
-            print(f"{what} received: checkpoint written to {path}" + (f"; {self.resume_hint}" if self.resume_hint else ""),
+            print(f"{what}: checkpoint written to {path}" + (f"; {self.resume_hint}" if self.resume_hint else ""),
                   flush=True)
 
     # ------------------------------------------------------------------ evaluate / predict

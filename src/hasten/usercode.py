@@ -142,6 +142,10 @@ def load(path: str, key: str) -> Any:
                           "it, or run hasten from the folder that holds it") from None
     except HastenError:
         raise
+    except SystemExit as e:   # a module that exits when imported (a script's guard missing)
+        raise ConfigError(f"{key}: importing {module_name!r} for {path} called sys.exit({e.code!r}); a module hasten "
+                          "imports must not exit at import (put the script's work under `if __name__ == "
+                          "\"__main__\":`)") from None
     except Exception as e:   # the user's module itself failed while importing
         raise ConfigError(f"{key}: importing {module_name!r} for {path} failed: {type(e).__name__}: {first_line(e)}") from e
     for part in attr.split("."):

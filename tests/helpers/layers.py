@@ -5,7 +5,7 @@ against this map and docs/architecture.md's "Layers" section against `render()`.
 A module is placed by the longest name below that is it or a package holding it."""
 LAYERS = (
     ("foundations", "errors, typed time and events, the schema, the version and provenance: nothing of hasten's above",
-     ("errors", "version", "registry", "hardware", "seeding", "files", "allocator", "schema", "provenance", "usercode",
+     ("errors", "version", "registry", "hardware", "seeding", "files", "outputs", "processes", "allocator", "schema", "provenance", "usercode",
       "microbatch", "core.time", "core.event", "bench.stats", "bench.survival")),
     ("runtime", "the world of processes, FSDP's options, the runtime (device, precision, seeds)",
      ("distributed", "runtime")),

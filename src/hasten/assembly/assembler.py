@@ -106,7 +106,7 @@ def assemble(model: "torch.nn.Module | Callable[[], torch.nn.Module]", runtime: 
     if step.compile_optimizer and runtime.precision == "fp16-mixed":
         raise ValueError("compile_optimizer with fp16-mixed is not supported (its loss scaler steps the optimizers "
                          "itself): use bf16-mixed, or drop compile_optimizer")
-    logger = LogHub(loggers)
+    logger = LogHub(loggers, on_error=durations.on_logger_error)
     engine = Engine(state, logger)
     eval_interval, log_interval = Interval(durations.eval_interval), Interval(durations.log_interval)
     prepared = prepare(state, engine, parallel, optimizers, schedulers, step.compile, step.activation_checkpointing)
@@ -114,6 +114,7 @@ def assemble(model: "torch.nn.Module | Callable[[], torch.nn.Module]", runtime: 
                   log_interval=log_interval, metrics=dict(metrics or {}), step=step, checkpoint_io=io,
                   checkpointer=checkpointer, prepared=prepared, stop=StopCoordinator(world),
                   save_folder=save_folder, eval_dataloader=eval_dataloader)
+    logger.on_stop = parts.stop.request   # on_logger_error=stop: a clean stop, as on SIGTERM
     latest = load_latest(save_folder, io) if checkpoints.autoresume else None
     if latest is not None:
         resume_from(state, logger, *latest, hyperparameters=checkpoints.hyperparameters)

@@ -3,7 +3,8 @@ and its docstring. The Trainer's keywords make these groups; the recipe's `train
 made of their fields (hasten.config.TrainerConfig, `hasten.schema.recipe_section`); the
 checks run where the group is made, so a recipe and a Python call are refused alike.
 
-- `Durations`: how long to train, how often to evaluate and log (typed time);
+- `Durations`: how long to train, how often to evaluate and log (typed time), and what a
+  failing logger does;
 - `StepOptions`: how one optimizer step is computed (accumulation, clipping, compilation,
   micro-batches, activation checkpointing, the batch contract);
 - `CheckpointOptions`: where and how often to save, what to start from;
@@ -42,13 +43,16 @@ def _microbatch(value) -> "str | None":
 
 @dataclass(frozen=True)
 class Durations:
-    """How long to train and how often to evaluate and log, in typed time."""
+    """How long to train and how often to evaluate and log, in typed time, and what a logger
+    that fails does to the run."""
     max_duration: Union[str, Time] = setting("1ep", time=True, check=_whole_run)
     """Length of the run in typed time: ep, ba, sp, tok, or wall-clock s/m/h (not dur)."""
     eval_interval: Union[str, Time] = setting("1ep", interval=True)
     """How often to evaluate (typed time; dur fractions allowed)."""
     log_interval: Union[str, Time] = setting("50ba", interval=True)
     """How often to log the training loss and throughput (typed time)."""
+    on_logger_error: Literal["continue", "stop"] = "continue"
+    """A logger that raises (a tracker's server gone): continue: train on without it, with one warning; stop: stop cleanly with a checkpoint and the command that resumes."""
 
     def __post_init__(self):
         check_arguments(self)

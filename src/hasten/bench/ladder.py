@@ -14,6 +14,7 @@ import math
 from pathlib import Path
 
 from ..config import load_recipe, to_dict
+from ..files import atomic_write
 from ..provenance import describe as describe_code
 from .runner import COUNTED, outcome
 from .report import _f, final_metric, header, pyplot, latest_per_run, time_to_target, timed_duration
@@ -191,6 +192,6 @@ def ladder_plot(rows: list[dict], path: Path) -> Path | None:
     ax.set_ylabel(f"final {metric}\n(hatched: at the cap)")
     ax.set_xticks(list(x), names, rotation=30, ha="right")
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    atomic_write(path, lambda f: fig.savefig(f, format="png", dpi=110))
     plt.close(fig)
     return path

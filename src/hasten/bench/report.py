@@ -21,9 +21,10 @@ import math
 from pathlib import Path
 
 from ..errors import HastenError
+from ..files import atomic_write
 from ..hardware import describe_caps
 from ..provenance import describe as describe_code
-from .runner import COUNTED, outcome
+from .runner import COUNTED, bench_outputs, outcome
 from .stats import describe, ratio_ci, welch_t_test
 from .survival import censored_speedup, describe_speedup, km_median
 from .target import Target
@@ -272,7 +273,7 @@ def plot(runs: list[dict], labels: list[str], analysis: dict, path: Path) -> Pat
     ax1.legend(fontsize=8)
     ax2.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    atomic_write(path, lambda f: fig.savefig(f, format="png", dpi=110))
     plt.close(fig)
     return path
 
@@ -292,10 +293,15 @@ def write_report(runs: list[dict], labels: list[str], target: Target, out_dir: P
                  command: str | None = None) -> dict:
     analysis = analyse(runs, labels, target)
     analysis["command"] = command
-    (out_dir / "report.json").write_text(json.dumps(strict_json(analysis), indent=2, allow_nan=False) + "\n")
+    outputs = bench_outputs(out_dir)   # checked before the comparison ran (runner.check_earlier_runs)
+    files = ("report.json", "report.md", "report.png")
+    outputs.claim(files)
+    text = json.dumps(strict_json(analysis), indent=2, allow_nan=False) + "\n"
+    atomic_write(out_dir / "report.json", lambda f: f.write(text), binary=False)
     md = markdown(analysis, title, command)
     png = plot(runs, labels, analysis, out_dir / "report.png")
     if png:
         md += f"\n![metric versus time and the Pareto view]({png.name})\n"
-    (out_dir / "report.md").write_text(md)
+    atomic_write(out_dir / "report.md", lambda f: f.write(md), binary=False)
+    outputs.record(files)
     return analysis

@@ -36,6 +36,8 @@ from rich.progress import MofNCompleteColumn, TextColumn, TimeElapsedColumn, Tim
 from ..callbacks.progress import work_progress
 from ..config import load_recipe, to_dict
 from ..errors import ConfigError, brief
+from ..outputs import Outputs
+from ..processes import spawn, stop
 from ..provenance import code_version, run_provenance
 from ..provenance import describe as describe_code
 
@@ -133,22 +135,6 @@ def outcome(record: dict) -> str:
     return status
 
 
-def _stop_worker(proc: subprocess.Popen, grace_s: float = GRACE_S) -> None:
-    """SIGTERM to the worker's whole session, SIGKILL after `grace_s` (or at a second Ctrl-C);
-    wait for it."""
-    for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, None)):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            break
-        try:
-            proc.wait(timeout=wait)
-            break
-        except (subprocess.TimeoutExpired, KeyboardInterrupt):
-            continue
-    proc.wait()
-
-
 def _last_error(log: Path) -> str | None:
     try:
         lines = [ln.strip() for ln in log.read_text(errors="replace").splitlines() if ln.strip()]
@@ -156,6 +142,46 @@ def _last_error(log: Path) -> str | None:
         return None
     errors = [ln for ln in lines if ln.startswith("hasten: error:") or "Error" in ln.split(":", 1)[0]]
     return (errors or lines or [None])[-1]
+
+
+BENCH_FILES = ("runs.jsonl", "report.md", "report.json", "report.png", "ladder.md", "ladder.json", "ladder.png")
+BENCH_HINT = "give --name for a new comparison (or --out for another folder), or move them away"
+
+
+def log_names(spec: Spec, seed: int) -> tuple[str, str]:
+    """The worker's output and the log of one run, relative to the comparison's folder."""
+    safe = re.sub(r"[^\w.-]+", "_", spec.label)
+    if len(safe) > 80:   # long labels share their first 80 characters: keep them apart
+        safe = f"{safe[:70]}-{hashlib.sha1(spec.label.encode()).hexdigest()[:8]}"
+    return f"logs/{safe}-seed{seed}.jsonl", f"logs/{safe}-seed{seed}.log"
+
+
+def planned_files(specs: list[Spec], seeds: list[int]) -> tuple[str, ...]:
+    """Every file a comparison of these specs and seeds may write in its folder."""
+    return BENCH_FILES + tuple(n for s in specs for seed in seeds for n in log_names(s, seed))
+
+
+def _bench_folder(folder: Path) -> bool:
+    """A comparison folder from before the output index: its runs.jsonl holds bench records."""
+    return _runs_file(folder / "runs.jsonl")
+
+
+def _runs_file(path: Path) -> bool:
+    """A runs.jsonl of bench records (a last line cut short by a kill included)."""
+    try:
+        lines = [ln for ln in path.read_text().splitlines() if ln.strip()]
+    except (OSError, UnicodeDecodeError):
+        return False
+    try:
+        records = [json.loads(ln) for ln in lines[:-1]]   # the last line may be torn
+    except ValueError:
+        return False
+    return bool(lines) and all(isinstance(r, dict) and {"label", "seed", "status"} <= set(r) for r in records)
+
+
+def bench_outputs(out_dir: Path) -> Outputs:
+    """The files `hasten bench` writes in a comparison's folder, under hasten's rule for output folders."""
+    return Outputs(out_dir, "hasten bench", legacy=_bench_folder, appended={"runs.jsonl": _runs_file})
 
 
 def run_one(spec: Spec, seed: int, out_dir: Path, cap_s: float | None = None, keep: Path | None = None) -> dict:
@@ -166,11 +192,11 @@ def run_one(spec: Spec, seed: int, out_dir: Path, cap_s: float | None = None, ke
     written but the record and the log."""
     logs = out_dir / "logs"
     logs.mkdir(parents=True, exist_ok=True)
-    safe = re.sub(r"[^\w.-]+", "_", spec.label)
-    if len(safe) > 80:   # long labels share their first 80 characters: keep them apart
-        safe = f"{safe[:70]}-{hashlib.sha1(spec.label.encode()).hexdigest()[:8]}"
-    out = logs / f"{safe}-seed{seed}.jsonl"
-    log_path = logs / f"{safe}-seed{seed}.log"
+    names = log_names(spec, seed)
+    out, log_path = out_dir / names[0], out_dir / names[1]
+    outputs = bench_outputs(out_dir)
+    outputs.claim(names)   # checked before the comparison started (check_earlier_runs)
+    safe = Path(names[0]).stem.removesuffix(f"-seed{seed}")
     if out.exists():
         out.unlink()
     interrupted = False
@@ -183,19 +209,19 @@ def run_one(spec: Spec, seed: int, out_dir: Path, cap_s: float | None = None, ke
         with open(log_path, "w") as log:
             launch = ([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={spec.nproc}"]
                       if spec.nproc > 1 else [sys.executable])   # data-parallel runs: the worker under torchrun
-            proc = subprocess.Popen([*launch, "-m", "hasten.bench.worker", str(spec_file), str(out)],
-                                    stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                                    env={**os.environ, "PYTHONUNBUFFERED": "1"})
+            proc = spawn([*launch, "-m", "hasten.bench.worker", str(spec_file), str(out)],
+                         stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
             try:
                 rc = proc.wait(timeout=cap_s)
                 status = "finished" if rc == 0 else "failed"
             except subprocess.TimeoutExpired:
-                _stop_worker(proc, grace_s=0)
+                stop(proc, grace_s=0)
                 status = "capped"
             except KeyboardInterrupt:
-                _stop_worker(proc)
+                stop(proc, GRACE_S)
                 status, interrupted = "interrupted", True
         wall = time.perf_counter() - t0
+    outputs.record(names)
     evals, final, progress = read_worker_output(out)
     if status == "finished" and final is None:
         status = "failed"
@@ -269,6 +295,7 @@ def check_earlier_runs(specs: list[Spec], seeds: list[int], out_dir: Path, cap_s
     """(the runs already in out_dir that this comparison continues, each spec's identity); a
     ConfigError when runs of the same label were made with other settings. Writes nothing."""
     runs_file = out_dir / "runs.jsonl"
+    bench_outputs(out_dir).check(planned_files(specs, seeds), BENCH_HINT)
     _drop_torn_tail(runs_file)
     identity = {s.label: run_identity(s, cap_s) for s in specs}
     earlier = [r for r in load_runs(runs_file) if r["label"] in identity and r["seed"] in seeds]
@@ -285,35 +312,42 @@ def run_comparison(specs: list[Spec], seeds: list[int], out_dir: Path, cap_s: fl
     evaluation of a run that does not log `metric` (the target's)."""
     console = console or Console(stderr=True)
     earlier, identity = check_earlier_runs(specs, seeds, out_dir, cap_s, console)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    runs_file = out_dir / "runs.jsonl"
-    done = {(r["label"], r["seed"]) for r in earlier if outcome(r) in COUNTED}
-    todo = [(s, seed) for seed in seeds for s in specs if (s.label, seed) not in done]
-    if done:
-        console.print(f"continuing: {len(done)} runs already in {runs_file}, {len(todo)} to go")
-    with work_progress("bench", console, MofNCompleteColumn(), TextColumn("{task.description}"),
-                       TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn()) as progress:
-        task = progress.add_task("", total=len(todo))
-        for i, (spec, seed) in enumerate(todo):
-            progress.update(task, description=f"{spec.label} seed {seed}")
-            record = run_one(spec, seed, out_dir, cap_s, keep)
-            record["identity"] = identity[spec.label]
-            with open(runs_file, "a") as f:
-                f.write(json.dumps(record) + "\n")
-                f.flush()
-                os.fsync(f.fileno())
-            if record.get("interrupt"):
-                raise BenchInterrupted(signal.SIGINT, len(done) + i, len(done) + len(todo))
-            logged = set((record["evals"] or [{}])[0].get("metrics", {})) if record.get("evals") else None
-            if metric and logged is not None and metric not in logged:
-                raise ConfigError(f"the target's metric {metric!r} is not logged by {spec.label} (its evaluations log "
-                                  f"{sorted(logged)}); give --target on one of those")
-            if record["status"] == "failed":
-                console.print(f"[red]run failed[/]: {spec.label} seed {seed}: {record.get('error')}; "
-                              f"log: {out_dir / 'logs' / record['log']}")
-            elif record["status"] == "interrupted":
-                console.print(f"[yellow]run interrupted[/]: {spec.label} seed {seed} was stopped by a signal; "
-                              "not counted, rerun when the comparison is continued")
-            progress.advance(task)
-    return [r for r in load_runs(runs_file) if r["label"] in identity and r["seed"] in seeds
-            and not differences(r.get("identity") or {}, identity[r["label"]])]
+    outputs = bench_outputs(out_dir)
+    outputs.adopt(planned_files(specs, seeds))
+    outputs.lock("bench results folder")   # one bench at a time in a comparison's folder
+    try:
+        runs_file = out_dir / "runs.jsonl"
+        done = {(r["label"], r["seed"]) for r in earlier if outcome(r) in COUNTED}
+        todo = [(s, seed) for seed in seeds for s in specs if (s.label, seed) not in done]
+        if done:
+            console.print(f"continuing: {len(done)} runs already in {runs_file}, {len(todo)} to go")
+        with work_progress("bench", console, MofNCompleteColumn(), TextColumn("{task.description}"),
+                           TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn()) as progress:
+            task = progress.add_task("", total=len(todo))
+            for i, (spec, seed) in enumerate(todo):
+                progress.update(task, description=f"{spec.label} seed {seed}")
+                record = run_one(spec, seed, out_dir, cap_s, keep)
+                record["identity"] = identity[spec.label]
+                outputs.claim(["runs.jsonl"])
+                with open(runs_file, "a") as f:
+                    f.write(json.dumps(record) + "\n")
+                    f.flush()
+                    os.fsync(f.fileno())
+                outputs.record(["runs.jsonl"])
+                if record.get("interrupt"):
+                    raise BenchInterrupted(signal.SIGINT, len(done) + i, len(done) + len(todo))
+                logged = set((record["evals"] or [{}])[0].get("metrics", {})) if record.get("evals") else None
+                if metric and logged is not None and metric not in logged:
+                    raise ConfigError(f"the target's metric {metric!r} is not logged by {spec.label} (its evaluations log "
+                                      f"{sorted(logged)}); give --target on one of those")
+                if record["status"] == "failed":
+                    console.print(f"[red]run failed[/]: {spec.label} seed {seed}: {record.get('error')}; "
+                                  f"log: {out_dir / 'logs' / record['log']}")
+                elif record["status"] == "interrupted":
+                    console.print(f"[yellow]run interrupted[/]: {spec.label} seed {seed} was stopped by a signal; "
+                                  "not counted, rerun when the comparison is continued")
+                progress.advance(task)
+        return [r for r in load_runs(runs_file) if r["label"] in identity and r["seed"] in seeds
+                and not differences(r.get("identity") or {}, identity[r["label"]])]
+    finally:
+        outputs.unlock()

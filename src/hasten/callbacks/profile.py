@@ -26,6 +26,7 @@ from __future__ import annotations
 import json
 import sys
 import time
+import warnings
 from collections import defaultdict
 from pathlib import Path
 
@@ -133,6 +134,13 @@ class Profile(Callback):
     def fit_end(self, state, logger):
         if self._timer is not None:
             self._close(state)
+        ran = state.timestamp.batch - (self._first or 0)
+        if self.result is None and self._first is not None and ran <= self.warmup:
+            warnings.warn(f"Profile: the run took {ran} step(s), no more than the profile's {self.warmup} warm-up "
+                          "steps, so nothing was profiled and no profile written; profile a longer run")
+        elif self.result is not None and self.result["steps"] < self.steps:
+            warnings.warn(f"Profile: the run ended after {self.result['steps']} of the {self.steps} steps asked to be "
+                          "profiled; the profile holds those")
         if self.result is not None and self.print_table:
             print(render(self.result), file=sys.stderr, flush=True)
 

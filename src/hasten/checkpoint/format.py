@@ -24,6 +24,7 @@ import torch
 from ..version import __version__
 from ..distributed import fsdp
 from ..distributed.tensors import gather_whole, local_tensors
+from ..core.time import Timestamp
 from ..errors import CheckpointError, first_line
 
 FORMAT = 1
@@ -65,7 +66,34 @@ def check_payload(payload, path, sharded: bool = False) -> dict:
     if not isinstance(payload, dict) or payload.get("format") != FORMAT or "meta" not in payload \
             or (sharded and not payload.get("sharded")):
         raise CheckpointError(f"{path} is not {what} (format {FORMAT})")
+    read_meta(payload, path)   # checked when read, not where a field is first used
     return payload
+
+
+def read_meta(payload: dict, path, what: str = "checkpoint") -> dict:
+    """A checkpoint's (or an artifact's) metadata, checked against what hasten writes: a
+    mapping; its timestamp a mapping of counts (hasten.core.time.Timestamp); rng a mapping;
+    optimizers a list of names. A one-line CheckpointError says what was found instead."""
+    try:
+        meta = json.loads(payload["meta"])
+    except (KeyError, TypeError, ValueError, RecursionError) as e:
+        raise CheckpointError(f"{what} {path}: its metadata cannot be read ({type(e).__name__}); the file is damaged "
+                              "or was not written by hasten") from None
+    problem = None
+    if not isinstance(meta, dict):
+        problem = f"it is {type(meta).__name__}, not a mapping"
+    elif "timestamp" in meta and Timestamp.problem(meta["timestamp"]):
+        problem = Timestamp.problem(meta["timestamp"])
+        problem = f"its timestamp {problem}"
+    elif "rng" in meta and not isinstance(meta["rng"], dict):
+        problem = "its rng state is not a mapping"
+    elif "optimizers" in meta and not (isinstance(meta["optimizers"], list)
+                                       and all(isinstance(o, str) for o in meta["optimizers"])):
+        problem = "its optimizers are not a list of names"
+    if problem:
+        raise CheckpointError(f"{what} {path}: its metadata does not fit what hasten writes ({problem}); the file is "
+                              "damaged or was not written by hasten")
+    return meta
 
 
 def why_unreadable(e: BaseException) -> str:

@@ -5,13 +5,12 @@
 """
 from __future__ import annotations
 
-import json
 import os
 import warnings
 from pathlib import Path
 
 from ..errors import CheckpointError
-from .format import NewerFormatError, capture, list_checkpoints, restore_rest, restore_whole_tensors
+from .format import NewerFormatError, capture, list_checkpoints, read_meta, restore_rest, restore_whole_tensors
 from .sharded import restore_tensors
 from .whole import CheckpointIO
 
@@ -41,7 +40,7 @@ def restore(state, payload: dict, strict: bool = True, hyperparameters: str = "c
     The schedules' base learning rate (`initial_lr`) follows."""
     if hyperparameters not in ("checkpoint", "run"):
         raise ValueError(f"hyperparameters={hyperparameters!r}: use 'checkpoint' or 'run'")
-    meta = json.loads(payload["meta"])
+    meta = read_meta(payload, payload.get("sharded_path", "the checkpoint"))
     built = [[{k: v for k, v in g.items() if k != "params"} for g in o.param_groups] for o in state.optimizers]
     if payload.get("sharded_path"):   # a sharded checkpoint: read its shards into this run's tensors
         restore_tensors(state, payload, meta)

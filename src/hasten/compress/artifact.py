@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from ..checkpoint.format import why_unreadable
+from ..checkpoint.format import read_meta, why_unreadable
 from ..errors import CheckpointError
 from ..files import atomic_write
 from .quantize import require_torchao
@@ -118,8 +118,11 @@ def read_artifact(path: "str | os.PathLike") -> tuple[dict, dict, dict | None]:
             raise CheckpointError(f"{path} is a training checkpoint, not an artifact: make one with "
                                   f"`hasten compress {path} ...`")
         raise CheckpointError(f"{path} is not a hasten artifact ({FORMAT})")
+    meta = read_meta(payload, path, "artifact")
+    if not isinstance(meta.get("recipe"), dict):
+        raise CheckpointError(f"artifact {path}: its metadata holds no recipe (it records what the model was trained "
+                              "with); the file is damaged or was not written by hasten compress")
     try:
-        meta = json.loads(payload["meta"])
         weights = {k: unpack_sparse(v) for k, v in payload["weights"].items()}
         static = None
         if "int8_static" in payload:

@@ -4,8 +4,8 @@ did not write.
 An artifact `NAME.hasten` comes with its report `NAME.md` and `NAME.json` (and `NAME.pt2` with
 --export). Each output folder keeps an index, `.hasten-compress.json`, of the files compress
 wrote there: their SHA-256 and the settings that made them. A file is overwritten only when
-the index lists it with the content it still has (the same ownership rule as checkpoint
-folders); anything else in the way is refused in one line, and so is a checkpoint folder.
+the index lists it with the content it still has (`hasten.outputs`'s rule, the one every
+command that writes output follows, with the settings kept beside each file); anything else in the way is refused in one line, and so is a checkpoint folder.
 
 Names: by default `RUN/compressed/TAG.hasten`, TAG saying what was done (`prune0.5-ft200ba-lr0.1`);
 when an artifact of that name was made with other settings (another checkpoint, other
@@ -15,37 +15,21 @@ of a killed compress (`.NAME.*.tmp`, what atomic writes leave) are removed befor
 """
 from __future__ import annotations
 
-import hashlib
-import json
 import os
 from pathlib import Path
 
+from .. import outputs as owned_files
 from ..callbacks.checkpoint import INDEX as CHECKPOINT_INDEX
 from ..checkpoint.format import NAME as CHECKPOINT_NAME
 from ..errors import ConfigError
-from ..files import atomic_write
 
 INDEX = ".hasten-compress.json"
 SUFFIX = ".hasten"
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def read_index(folder: Path) -> dict:
     """name -> {"sha256", "settings"} of the files compress wrote in `folder`."""
-    try:
-        data = json.loads((folder / INDEX).read_text())
-    except (OSError, ValueError):
-        return {}
-    files = data.get("files") if isinstance(data, dict) else None
-    return {k: v for k, v in (files or {}).items()
-            if isinstance(v, dict) and (isinstance(v.get("sha256"), str) or v.get("pending") is True)}
+    return owned_files.read_index(folder, INDEX)
 
 
 def companions(artifact: Path, export: bool) -> list[Path]:
@@ -62,11 +46,7 @@ def _in_checkpoint_folder(path: Path) -> bool:
 
 
 def _owned(path: Path, index: dict) -> bool:
-    """Listed in the index with the content it has now, or claimed by a compress that was
-    stopped before it could record what it wrote."""
-    entry = index.get(path.name)
-    return (entry is not None and path.is_file() and not path.is_symlink()
-            and (entry.get("pending") or _sha256(path) == entry["sha256"]))
+    return owned_files.owned(path, index.get(path.name))
 
 
 def plan(default_dir: Path, tag: str, out: "str | Path | None", export: bool, settings: dict) -> list[Path]:
@@ -122,14 +102,4 @@ def record(files: list[Path], settings: dict) -> None:
 
 
 def _update(files: list[Path], settings: dict, pending: bool) -> None:
-    folder = files[0].parent
-    folder.mkdir(parents=True, exist_ok=True)
-    index = read_index(folder)
-    for p in files:
-        if pending:
-            index[p.name] = {"sha256": None, "pending": True, "settings": settings}
-        elif p.is_file():
-            index[p.name] = {"sha256": _sha256(p), "settings": settings}
-        else:
-            index.pop(p.name, None)
-    atomic_write(folder / INDEX, lambda f: json.dump({"format": 1, "files": index}, f, indent=1), binary=False)
+    owned_files.update(files[0].parent, [p.name for p in files], pending, {"settings": settings}, INDEX)

@@ -37,7 +37,7 @@ from ..callbacks import ProgressBar
 from ..checkpoint import CheckpointIO, find_latest
 from ..checkpoint.sharded import load_whole
 from ..optim.factory import build_optimizer
-from ..checkpoint.format import MODEL_MISMATCH_FIX, model_mismatch
+from ..checkpoint.format import MODEL_MISMATCH_FIX, model_mismatch, read_meta
 from ..config import Recipe, apply_override, parse_override, to_dict, validate
 from ..core import Event, Time
 from ..data.batches import batch_size, index_batch
@@ -178,8 +178,8 @@ def load_trained(session: Session, ckpt: Path) -> dict:
     except (RuntimeError, KeyError) as e:
         raise CheckpointError(f"{ckpt} does not hold this recipe's model ({session.recipe.name}): "
                               f"{(first_line(e) or type(e).__name__)[:200]}") from e
-    meta = json.loads(payload["meta"])
-    session.trainer.state.timestamp.load_state_dict(meta["timestamp"])
+    meta = read_meta(payload, ckpt)
+    session.trainer.state.timestamp.load_state_dict(meta.get("timestamp", {}))
     return meta
 
 

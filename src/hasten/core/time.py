@@ -8,6 +8,7 @@ fractions of the run, or wall-clock seconds.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 from dataclasses import asdict, dataclass
@@ -146,8 +147,27 @@ class Timestamp:
         return asdict(self)
 
     def load_state_dict(self, d: dict) -> None:
+        """Restore from `state_dict()`'s form, checked: a ValueError names what does not fit."""
+        problem = Timestamp.problem(d)
+        if problem:
+            raise ValueError(f"timestamp {problem}")
         for k, v in d.items():
-            setattr(self, k, v)
+            setattr(self, k, float(v) if k == "train_seconds" else v)
+
+    @staticmethod
+    def problem(d) -> "str | None":
+        """What keeps `d` from being a stored timestamp (None: nothing)."""
+        if not isinstance(d, dict):
+            return f"is {type(d).__name__}, not a mapping of counts"
+        fields = [f.name for f in dataclasses.fields(Timestamp)]
+        for k, v in d.items():
+            if k not in fields:
+                return f"has an unknown field {str(k)[:40]!r} (it holds {', '.join(fields)})"
+            if isinstance(v, bool) or not isinstance(v, (int, float) if k == "train_seconds" else int):
+                return f"field {k} is {str(v)[:40]!r}, not a {'number' if k == 'train_seconds' else 'whole number'}"
+            if not math.isfinite(v) or v < 0:
+                return f"field {k} is {v}, not a count >= 0"
+        return None
 
 
 class Interval:

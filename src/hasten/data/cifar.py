@@ -7,7 +7,9 @@ modification time, so decoding (about 10 s) happens once.
 """
 from __future__ import annotations
 
+import hashlib
 import io
+import json
 import os
 import pickle
 import tarfile
@@ -93,11 +95,13 @@ def read_official_folder(folder: "str | os.PathLike") -> ImageData:
 
 
 def read_image_zip(path: "str | os.PathLike", classes=CLASSES, cache_dir: "str | os.PathLike | None" = None) -> ImageData:
-    """Decode an image-folder zip once; later calls read the cached arrays."""
+    """Decode an image-folder zip once; later calls read the cached arrays. The cache is keyed
+    by what proves the archive's content (every member's name, size and CRC-32, from its
+    central directory) and the class list, never by its name, size or time: a copy made with
+    `cp -p` over another archive of the same stem, size and time gets a cache of its own."""
     path = Path(path)
-    st = path.stat()
     cache_dir = Path(cache_dir) if cache_dir else data_root() / "cache"
-    cache = cache_dir / f"{path.stem}-{st.st_size}-{int(st.st_mtime)}.npz"
+    cache = cache_dir / f"{path.stem}-{_content_key(path, classes)}.npz"
     if cache.is_file():
         try:
             with np.load(cache) as z:
@@ -122,6 +126,19 @@ def read_image_zip(path: "str | os.PathLike", classes=CLASSES, cache_dir: "str |
                                            test_x=out["test"][0], test_y=out["test"][1]), error=DataError)
     return ImageData(torch.from_numpy(out["train"][0]), torch.from_numpy(out["train"][1]),
                      torch.from_numpy(out["test"][0]), torch.from_numpy(out["test"][1]), classes=tuple(classes))
+
+
+def _content_key(path: Path, classes) -> str:
+    try:
+        with zipfile.ZipFile(path) as z:
+            members = sorted((i.filename, i.file_size, i.CRC) for i in z.infolist())
+    except zipfile.BadZipFile as e:
+        raise DataError(f"{path} is not a readable zip ({e}): the file is damaged or truncated; "
+                        "download or copy it again") from e
+    except OSError as e:
+        raise DataError(f"cannot read {path}: {e.strerror or e}") from e
+    h = hashlib.sha256(json.dumps([list(classes), members]).encode())
+    return h.hexdigest()[:20]
 
 
 def _decode(zf: zipfile.ZipFile, name: str, Image) -> np.ndarray:

@@ -22,10 +22,15 @@ so attention can be kept inside documents (`segments`).
 from __future__ import annotations
 
 import gzip
+import itertools
 import hashlib
 import json
 import os
 import re
+import subprocess
+import sys
+import tempfile
+import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -33,6 +38,7 @@ import numpy as np
 
 from ..errors import ConfigError, DataError
 from ..files import atomic_write
+from ..processes import spawn, stop
 from .download import DatasetNotFoundError, data_root, download, file_digest
 
 EOD = "<|endoftext|>"
@@ -94,22 +100,81 @@ def resolve_source(source: str) -> Path:
     return p
 
 
+# What reading a corpus may take, in MiB of UTF-8 text (decompressed), each raised by its
+# environment variable: a document (a .txt file, an archive member, a JSON line), one line of
+# it, and the whole corpus. A small archive can expand to gigabytes, and one very long line is
+# what makes BPE training take tens of gigabytes; both are refused before they are read whole.
+LIMITS = {"document": ("HASTEN_MAX_DOCUMENT_MB", 64), "line": ("HASTEN_MAX_LINE_MB", 1),
+          "corpus": ("HASTEN_MAX_CORPUS_MB", 4096)}
+
+
+def limit_bytes(kind: str) -> int:
+    env, default = LIMITS[kind]
+    raw = os.environ.get(env)
+    if raw is None:
+        return default << 20
+    try:
+        value = float(raw)
+        if not value > 0:
+            raise ValueError
+    except ValueError:
+        raise ConfigError(f"{env}={raw!r}: give a size in MiB, a number > 0 (default {default})") from None
+    return int(value * (1 << 20))
+
+
+def _too_big(what: str, kind: str) -> DataError:
+    env, default = LIMITS[kind]
+    return DataError(f"{what} is larger than the {kind} limit ({limit_bytes(kind) >> 20} MiB); if it is meant to be "
+                     f"read, raise it with {env}=MiB (default {default})")
+
+
+class _Budget:
+    """The corpus limit, spent as documents are read."""
+
+    def __init__(self, source):
+        self.left, self.source = limit_bytes("corpus"), source
+
+    def take(self, n: int) -> None:
+        self.left -= n
+        if self.left < 0:
+            raise _too_big(f"the corpus {self.source}", "corpus")
+
+
+def _check_lines(text: str, what: str) -> str:
+    cap = limit_bytes("line")
+    if len(text) * 4 > cap:   # a line could be over the limit only then (4 bytes a character at most)
+        for line in text.splitlines():
+            if len(line) * 4 > cap and len(line.encode("utf-8", "surrogatepass")) > cap:
+                raise _too_big(f"a line of {what}", "line")
+    return text
+
+
 def read_documents(source: str, text_field: str = "text") -> list[Document]:
-    """The documents of `source` (see the module docstring), in order; empty ones dropped."""
+    """The documents of `source` (see the module docstring), in order; empty ones dropped. What
+    is read is bounded (LIMITS): a document, a line and the whole corpus."""
     path = resolve_source(source)
     docs: list[Document] = []
+    budget = _Budget(path)
     if path.name.endswith((".zip", ".tar.gz", ".tgz", ".tar")):
-        docs = _archive_documents(path)
+        docs = _archive_documents(path, budget)
     elif path.is_dir():
         files = sorted(path.glob("*.txt"))
         if not files:
             raise DataError(f"{path}: the folder holds no .txt files")
-        docs = [Document(_read_text(f), {"title": f.stem}) for f in files]
+        docs = [Document(_read_text(f, budget), {"title": f.stem}) for f in files]
     elif path.name.endswith((".jsonl", ".jsonl.gz")):
         opener = gzip.open if path.name.endswith(".gz") else open
+        cap = limit_bytes("document")
         try:
-            with opener(path, "rt", encoding="utf-8") as f:
-                for n, line in enumerate(f, 1):
+            with opener(path, "rb") as f:
+                for n in itertools.count(1):
+                    raw = f.readline(cap + 1)
+                    if not raw:
+                        break
+                    if len(raw) > cap:
+                        raise _too_big(f"{path}, line {n}", "document")
+                    budget.take(len(raw))
+                    line = raw.decode("utf-8")
                     if not line.strip():
                         continue
                     try:
@@ -120,32 +185,51 @@ def read_documents(source: str, text_field: str = "text") -> list[Document]:
                         keys = sorted(row) if isinstance(row, dict) else type(row).__name__
                         raise DataError(f"{path}, line {n}: no text field {text_field!r} (found {keys}); set "
                                         "data.text_field to the field that holds the text")
-                    docs.append(Document(row[text_field], {k: v for k, v in row.items() if k != text_field}))
+                    text = _check_lines(row[text_field], f"{path}, line {n}")
+                    docs.append(Document(text, {k: v for k, v in row.items() if k != text_field}))
         except (OSError, EOFError, UnicodeDecodeError) as e:
             raise DataError(f"cannot read {path}: {e}; the file is damaged or not UTF-8 JSON lines") from e
     else:
-        docs = [Document(_read_text(path), {"title": path.stem})]
+        docs = [Document(_read_text(path, budget), {"title": path.stem})]
     docs = [d for d in docs if d.text.strip()]
     if not docs:
         raise DataError(f"{path}: no document with text")
     return docs
 
 
-def _archive_documents(path: Path) -> list[Document]:
+def _archive_documents(path: Path, budget: _Budget) -> list[Document]:
     """The .txt members of a zip or tar archive, one document each, in name order (read in
-    place, nothing extracted)."""
+    place, nothing extracted; each member's size checked before it is read, and read no
+    further than the limit whatever its header says)."""
     import tarfile
     import zipfile
+    cap = limit_bytes("document")
+
+    def bounded(name: str, stream) -> bytes:
+        raw = stream.read(cap + 1)
+        if len(raw) > cap:
+            raise _too_big(f"{path}: member {name}", "document")
+        budget.take(len(raw))
+        return raw
     try:
         if path.name.endswith(".zip"):
             with zipfile.ZipFile(path) as z:
-                names = sorted(n for n in z.namelist() if n.endswith(".txt"))
-                texts = [(n, z.read(n)) for n in names]
+                infos = sorted((i for i in z.infolist() if i.filename.endswith(".txt")), key=lambda i: i.filename)
+                for i in infos:
+                    if i.file_size > cap:
+                        raise _too_big(f"{path}: member {i.filename}", "document")
+                texts = []
+                for i in infos:
+                    with z.open(i) as f:
+                        texts.append((i.filename, bounded(i.filename, f)))
         else:
             with tarfile.open(path) as t:
                 members = sorted((m for m in t.getmembers() if m.isfile() and m.name.endswith(".txt")),
                                  key=lambda m: m.name)
-                texts = [(m.name, t.extractfile(m).read()) for m in members]
+                for m in members:
+                    if m.size > cap:
+                        raise _too_big(f"{path}: member {m.name}", "document")
+                texts = [(m.name, bounded(m.name, t.extractfile(m))) for m in members]
     except (OSError, zipfile.BadZipFile, tarfile.TarError, EOFError) as e:
         raise DataError(f"cannot read the archive {path}: {e}; it is damaged or not a zip or tar file") from e
     if not texts:
@@ -153,15 +237,22 @@ def _archive_documents(path: Path) -> list[Document]:
     out = []
     for name, raw in texts:
         try:
-            out.append(Document(raw.decode("utf-8"), {"title": Path(name).stem}))
+            out.append(Document(_check_lines(raw.decode("utf-8"), f"{path}: member {name}"), {"title": Path(name).stem}))
         except UnicodeDecodeError as e:
             raise DataError(f"{path}: member {name} is not UTF-8 text ({e})") from e
     return out
 
 
-def _read_text(path: Path) -> str:
+def _read_text(path: Path, budget: "_Budget | None" = None) -> str:
+    cap = limit_bytes("document")
     try:
-        return path.read_text(encoding="utf-8")
+        with open(path, "rb") as f:
+            raw = f.read(cap + 1)
+        if len(raw) > cap:
+            raise _too_big(str(path), "document")
+        if budget is not None:
+            budget.take(len(raw))
+        return _check_lines(raw.decode("utf-8"), str(path))
     except UnicodeDecodeError as e:
         raise DataError(f"{path} is not UTF-8 text ({e}); convert it to UTF-8") from e
     except OSError as e:
@@ -200,17 +291,49 @@ def _tokenizers(*names):
     return tuple(getattr(tokenizers, n) for n in names)
 
 
+# BPE training is one long call into `tokenizers` that no signal interrupts, so it runs in a
+# child process of its own (the few lines below, no torch): SIGTERM or Ctrl-C stop the command
+# at once, and the child with it (hasten.processes).
+_TRAIN_BPE = """
+import json, sys
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+texts_file, out_file, vocab_size, specials = sys.argv[1], sys.argv[2], int(sys.argv[3]), json.loads(sys.argv[4])
+tok = Tokenizer(models.BPE())
+tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+tok.decoder = decoders.ByteLevel()
+trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=specials, show_progress=False,
+                              initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+def texts():
+    with open(texts_file, encoding="utf-8") as f:
+        for line in f:
+            yield json.loads(line)
+tok.train_from_iterator(texts(), trainer=trainer)
+tok.save(out_file)
+"""
+
+
 def train_bpe(texts: list[str], vocab_size: int, specials: tuple[str, ...] = (EOD,)):
-    """A byte-level BPE tokenizer (`tokenizers`) trained on `texts`; `specials` get the first ids."""
-    Tokenizer, decoders, models, pre_tokenizers, trainers = _tokenizers("Tokenizer", "decoders", "models",
-                                                                         "pre_tokenizers", "trainers")
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=list(specials), show_progress=False,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    tok.train_from_iterator(texts, trainer=trainer)
-    return tok
+    """A byte-level BPE tokenizer (`tokenizers`) trained on `texts`, in a child process;
+    `specials` get the first ids."""
+    Tokenizer, = _tokenizers("Tokenizer")
+    with tempfile.TemporaryDirectory(prefix="hasten-bpe-") as tmp:
+        texts_file, out_file = Path(tmp, "texts.jsonl"), Path(tmp, "tokenizer.json")
+        with open(texts_file, "w", encoding="utf-8") as f:
+            for x in texts:
+                f.write(json.dumps(x) + "\n")
+        with open(Path(tmp, "log.txt"), "w+") as log:
+            proc = spawn([sys.executable, "-c", _TRAIN_BPE, str(texts_file), str(out_file), str(vocab_size),
+                          json.dumps(list(specials))], stdout=log, stderr=subprocess.STDOUT)
+            try:
+                rc = proc.wait()
+            except BaseException:   # Ctrl-C, SIGTERM: the child goes first, then its folder
+                stop(proc, grace_s=1.0)
+                raise
+            if rc != 0 or not out_file.is_file():
+                log.seek(0)
+                tail = (log.read().strip().splitlines() or ["no output"])[-1][:300]
+                raise DataError(f"training the BPE tokenizer failed ({tail})")
+        return Tokenizer.from_file(str(out_file))
 
 
 class BPE:
@@ -232,14 +355,27 @@ class BPE:
     def vocab_size(self) -> int:
         return self.tok.get_vocab_size()
 
+    @property
+    def digest(self) -> str:
+        """What identifies this tokenizer (its whole serialised form): a run records it."""
+        return hashlib.sha256(self.tok.to_str().encode()).hexdigest()
+
     def token_id(self, token: str) -> int:
         i = self.tok.token_to_id(token)
         if i is None:
             raise DataError(f"the tokenizer has no {token!r} token; train one with it, or add it to your tokenizer.json")
         return i
 
-    def encode_batch(self, texts: list[str]) -> list[list[int]]:
-        return [e.ids for e in self.tok.encode_batch(texts)]
+    def encode_batch(self, texts: list[str], chunk_chars: int = 1 << 22) -> list[list[int]]:
+        """Each text's ids; in chunks of about `chunk_chars` characters, so that a signal is
+        seen between them (one call into `tokenizers` is not interrupted)."""
+        out, start, size = [], 0, 0
+        for i, x in enumerate(texts):
+            size += len(x)
+            if size >= chunk_chars or i == len(texts) - 1:
+                out += [e.ids for e in self.tok.encode_batch(texts[start:i + 1])]
+                start, size = i + 1, 0
+        return out
 
     def encode(self, text: str) -> list[int]:
         return self.tok.encode(text).ids
@@ -275,7 +411,7 @@ def encode_documents(tok: BPE, docs: list[Document], cache_key: str | None = Non
     the tokenizer's hash) when given."""
     path = None
     if cache_key:
-        tkey = hashlib.sha256(tok.tok.to_str().encode()).hexdigest()[:16]
+        tkey = tok.digest[:16]
         path = data_root() / "tokens" / f"{cache_key}-{tkey}.npz"
         if path.is_file():
             try:
@@ -283,7 +419,7 @@ def encode_documents(tok: BPE, docs: list[Document], cache_key: str | None = Non
                     flat, lengths = z["flat"], z["lengths"]
                 if len(lengths) == len(docs):
                     return np.split(flat, np.cumsum(lengths)[:-1])
-            except (OSError, ValueError, KeyError):
+            except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile):
                 pass   # a damaged cache: encoded again below
     ids = [np.asarray(x, dtype=np.int32) for x in tok.encode_batch([d.text for d in docs])]
     if path is not None:

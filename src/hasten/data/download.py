@@ -12,7 +12,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from ..errors import DataError, HastenError
+from ..errors import ConfigError, DataError, HastenError
 
 
 class DatasetNotFoundError(HastenError, FileNotFoundError):
@@ -24,7 +24,13 @@ class ChecksumError(DataError):
 
 
 def data_root() -> Path:
-    return Path(os.environ.get("HASTEN_DATA", Path.home() / ".cache" / "hasten" / "data")).expanduser()
+    """Where hasten keeps downloads and caches: HASTEN_DATA, else ~/.cache/hasten/data. A
+    HASTEN_DATA that is not a folder (a file) is a ConfigError naming it."""
+    root = Path(os.environ.get("HASTEN_DATA", Path.home() / ".cache" / "hasten" / "data")).expanduser()
+    if root.exists() and not root.is_dir():
+        raise ConfigError(f"HASTEN_DATA={root} is a file, not a folder; point it at a folder for hasten's downloads "
+                          "and caches (or unset it for ~/.cache/hasten/data)")
+    return root
 
 
 def file_digest(path: "str | os.PathLike", algorithm: str = "sha256") -> str:

@@ -7,6 +7,7 @@ so validation losses are comparable between recipes.
 """
 from __future__ import annotations
 
+import hashlib
 from importlib import resources
 from pathlib import Path
 
@@ -63,6 +64,11 @@ class CharTokenizer:
     def vocab_size(self) -> int:
         return len(self.chars)
 
+    @property
+    def digest(self) -> str:
+        """What identifies this tokenizer (its characters): a run records it (tokenizer_sha256)."""
+        return hashlib.sha256("".join(self.chars).encode("utf-8", "surrogatepass")).hexdigest()
+
     def encode(self, text: str, dtype: torch.dtype = torch.long) -> torch.Tensor:
         """The ids of `text`'s characters, as `dtype` (`compact_dtype(vocab_size)` stores a corpus
         in 1-2 bytes a character instead of 8). Vectorised: no Python object per character."""
@@ -87,6 +93,7 @@ class ByteTokenizer:
     """UTF-8 bytes: a fixed vocabulary of 256."""
 
     vocab_size = 256
+    digest = hashlib.sha256(b"utf-8 bytes").hexdigest()   # one fixed vocabulary
 
     def encode(self, text: str, dtype: torch.dtype = torch.long) -> torch.Tensor:
         """The UTF-8 bytes of `text` as ids, as `dtype` (torch.uint8 holds them in a byte each)."""

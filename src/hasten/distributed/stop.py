@@ -25,7 +25,7 @@ import torch
 
 from .world import World
 
-_NAMES = {"sigint": "Ctrl-C", "sigterm": "SIGTERM"}
+_NAMES = {"sigint": "Ctrl-C", "sigterm": "SIGTERM", "logger": "a logger's failure"}
 
 
 def process_alive(pid: int) -> bool:
@@ -51,7 +51,7 @@ class StopCoordinator:
 
     def __init__(self, world: World):
         self.world = world
-        self.reason: str | None = None           # 'sigint' or 'sigterm' once one arrived
+        self.reason: str | None = None           # 'sigint', 'sigterm' (or 'logger': request) once one arrived
         self._event = threading.Event()          # a signal arrived here (set by the handler)
         self._votes = self._vote_work = None
         self._vote_box = torch.zeros(1, dtype=torch.int32)   # reused every step: filled after the last vote is read
@@ -76,7 +76,7 @@ class StopCoordinator:
 
     @property
     def what(self) -> str:
-        """'Ctrl-C' or 'SIGTERM', for messages."""
+        """'Ctrl-C', 'SIGTERM' or "a logger's failure", for messages."""
         return _NAMES.get(self.reason or "sigterm", "SIGTERM")
 
     def install(self) -> None:
@@ -98,6 +98,12 @@ class StopCoordinator:
                       "(press Ctrl-C again to stop at once, without saving)", file=sys.stderr, flush=True)
 
         self._old_handlers = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
+
+    def request(self, reason: str) -> None:
+        """Ask for the same clean stop a signal asks for (the checkpoint at the end of this step),
+        for `reason` ('logger': a logger failed under on_logger_error=stop)."""
+        self.reason = self.reason or reason
+        self._event.set()
 
     def should_stop(self) -> bool:
         """True when training must stop at this step end: a signal arrived (under data

@@ -6,9 +6,12 @@ when it flushes, at log points, so logging never forces a host synchronisation p
 from __future__ import annotations
 
 import math
+import warnings
 from typing import Any
 
 import torch
+
+from ..errors import HastenError
 
 
 class LoggerDestination:
@@ -28,18 +31,51 @@ class LoggerDestination:
         pass
 
 
+class LoggerFailed(HastenError):
+    """A logger raised and the run was asked to stop on it (on_logger_error='stop')."""
+
+
 class LogHub:
-    def __init__(self, destinations=()):
+    """The destinations of one run. A destination that raises (a tracker's server gone, a full
+    disk) never stops training by surprise: with `on_error='continue'` (the default) it is
+    switched off for the rest of the run with one warning naming it, the step and the error;
+    with 'stop' the hub records the failure and calls `on_stop` (the Trainer's request for a
+    clean stop: a checkpoint at the end of the step and the command that resumes it); a failure
+    before training (log_hparams) is then a LoggerFailed error."""
+
+    def __init__(self, destinations=(), on_error: str = "continue"):
         self.destinations = list(destinations)
+        self.on_error = on_error
+        self.on_stop = None           # set by the assembler: asks the loop to stop cleanly
+        self.failure: str | None = None   # the first failure, for messages
         self._pending: dict[str, Any] = {}
         self.latest: dict[str, float] = {}   # last flushed value of every metric
+
+    def _call(self, what: str, step: "int | None", fn, *args) -> None:
+        for d in list(self.destinations):
+            try:
+                getattr(d, fn)(*args)
+            except Exception as e:
+                self._failed(d, what, step, e)
+
+    def _failed(self, d, what: str, step: "int | None", e: Exception) -> None:
+        self.destinations.remove(d)
+        at = f" at step {step}" if step is not None else ""
+        line = f"{type(d).__name__} failed {what}{at} ({type(e).__name__}: {str(e).strip()[:200]})"
+        self.failure = self.failure or line
+        if self.on_error == "stop":
+            if self.on_stop is None or what != "logging metrics":   # before training: nothing to checkpoint
+                raise LoggerFailed(f"{line}; trainer.on_logger_error is stop") from e
+            self.on_stop("logger")
+            return
+        warnings.warn(f"{line}; training goes on without it: what follows is not logged there "
+                      "(trainer.on_logger_error: stop to stop with a checkpoint instead)", stacklevel=3)
 
     def log(self, metrics: dict[str, Any]) -> None:
         self._pending.update(metrics)
 
     def log_hparams(self, hparams: dict[str, Any]) -> None:
-        for d in self.destinations:
-            d.log_hparams(hparams)
+        self._call("logging the hyperparameters", None, "log_hparams", hparams)
 
     def flush(self, step: int) -> dict[str, float]:
         if not self._pending:
@@ -51,17 +87,18 @@ class LogHub:
             out[k] = float(v)
         self._pending.clear()
         self.latest.update(out)
-        for d in self.destinations:
-            d.log_metrics(out, step)
+        self._call("logging metrics", step, "log_metrics", out, step)
         return out
 
     def resume_at(self, step: int) -> None:
-        for d in self.destinations:
-            d.resume_at(step)
+        self._call("resuming", step, "resume_at", step)
 
     def close(self) -> None:
-        for d in self.destinations:
-            d.close()
+        on_error, self.on_error = self.on_error, "continue"   # at the end a failure only warns
+        try:
+            self._call("closing", None, "close")
+        finally:
+            self.on_error = on_error
 
 
 def fmt(v: float) -> str:

@@ -7,11 +7,20 @@ parameters, flattened to dotted keys. A tracking URI names the store: a server
 `alembic`, both in the extra) or the environment's `MLFLOW_TRACKING_URI` when none is given.
 A resumed run continues the same MLflow run when given its `run_id` (hasten train keeps it
 in the run folder).
+
+A tracker that is not there costs seconds, not minutes: unless the environment sets them,
+hasten bounds MLflow's HTTP retries (`MLFLOW_HTTP_REQUEST_MAX_RETRIES` 2, backoff factor 1)
+and a request's timeout (`MLFLOW_HTTP_REQUEST_TIMEOUT` 10 s); a local store (`sqlite:///`,
+`file:` or a path) that is a folder where a file belongs, or cannot be written, is refused
+before anything is made. What happens when logging fails during a run is the hub's
+(hasten.loggers.base.LogHub, `trainer.on_logger_error`).
 """
 from __future__ import annotations
 
 import importlib.util
+import os
 import time
+from pathlib import Path
 from typing import Any
 
 from .base import LoggerDestination
@@ -29,6 +38,46 @@ def flatten(d: dict, prefix: str = "") -> dict[str, Any]:
     return out
 
 
+# MLflow's HTTP client reads these when a request is made; set only where the user has not
+BOUNDED_HTTP = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2", "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
+                "MLFLOW_HTTP_REQUEST_TIMEOUT": "10"}
+OPTIONS = {"tracking_uri": str, "experiment": str, "run_name": str, "run_id": str, "tags": dict}
+
+
+def store_problem(uri: "str | None") -> "str | None":
+    """What is wrong with a local tracking store before MLflow tries it (None: nothing seen)."""
+    if not uri or "://" in uri and not uri.startswith(("sqlite:///", "file:")):
+        return None   # a server (or the environment's URI): its answer is bounded by the retries above
+    if uri.startswith("sqlite:///"):
+        path, kind = Path(uri[len("sqlite:///"):]), "file"
+    else:
+        path, kind = Path(uri[len("file:"):].removeprefix("//") if uri.startswith("file:") else uri), "folder"
+    if kind == "file" and path.is_dir():
+        return f"{path} is a folder; an sqlite store is a file, e.g. sqlite:///{path / 'mlflow.db'}"
+    if kind == "file" and not path.parent.exists():
+        return f"the folder {path.parent} does not exist; make it first"
+    if kind == "folder" and path.exists() and not path.is_dir():
+        return f"{path} is a file; a file store is a folder"
+    where = path if path.exists() else next((p for p in path.parents if p.exists()), Path("."))
+    if not os.access(where, os.W_OK) or (kind == "file" and path.exists() and not os.access(path.parent, os.W_OK)):
+        return f"{where} cannot be written; choose a store you can write"
+    return None
+
+
+def options_problem(options) -> "str | None":
+    """What is wrong with trainer.mlflow's mapping, by key (None: nothing)."""
+    if options is None:
+        return None
+    if not isinstance(options, dict):
+        return f"give a mapping of {', '.join(OPTIONS)} (or {{}} for the defaults), not {type(options).__name__}"
+    for key, value in options.items():
+        if key not in OPTIONS:
+            return f"unknown key {key!r}; it takes {', '.join(OPTIONS)}"
+        if value is not None and not isinstance(value, OPTIONS[key]):
+            return f"{key}: {value!r} is not a {OPTIONS[key].__name__}"
+    return store_problem(options.get("tracking_uri"))
+
+
 class MLflowLogger(LoggerDestination):
     @staticmethod
     def available() -> bool:
@@ -41,6 +90,11 @@ class MLflowLogger(LoggerDestination):
             from mlflow.tracking import MlflowClient
         except ImportError as e:   # pragma: no cover - depends on the environment
             raise ImportError("MLflowLogger needs MLflow: pip install 'hasten[mlflow]'") from e
+        problem = store_problem(tracking_uri)
+        if problem:
+            raise ValueError(f"tracking_uri {tracking_uri}: {problem}")
+        for k, v in BOUNDED_HTTP.items():
+            os.environ.setdefault(k, v)
         self._Metric, self._Param, self._RunTag = Metric, Param, RunTag
         self.client = MlflowClient(tracking_uri)
         if run_id is None:

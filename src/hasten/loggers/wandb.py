@@ -13,6 +13,26 @@ import importlib.util
 from .base import LoggerDestination
 
 
+OPTIONS = {"project": str, "name": str, "mode": str, "dir": str, "id": str, "entity": str, "tags": list}
+MODES = ("online", "offline", "disabled", "shared")
+
+
+def options_problem(options) -> "str | None":
+    """What is wrong with trainer.wandb's mapping, by key (None: nothing)."""
+    if options is None:
+        return None
+    if not isinstance(options, dict):
+        return f"give a mapping of {', '.join(OPTIONS)} (or {{}} for the defaults), not {type(options).__name__}"
+    for key, value in options.items():
+        if key not in OPTIONS:
+            return f"unknown key {key!r}; it takes {', '.join(OPTIONS)}"
+        if value is not None and not isinstance(value, OPTIONS[key]):
+            return f"{key}: {value!r} is not a {OPTIONS[key].__name__}"
+    if options.get("mode") is not None and options["mode"] not in MODES:
+        return f"mode: {options['mode']!r} is not one of {', '.join(MODES)}"
+    return None
+
+
 class WandbLogger(LoggerDestination):
     @staticmethod
     def available() -> bool:

@@ -9,7 +9,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from ..data.batches import inputs_targets
-from ..errors import ConfigError
+from ..errors import ConfigError, DataError
 from ..schema import DataSection, ModelSection  # noqa: F401 (re-exported)
 from ..integrations import hf
 from ..data.loaders import make_dataloader
@@ -91,6 +91,14 @@ def user_loaders(factory: str, args: dict, batch_size: int, eval_batch_size: int
         if isinstance(x, Dataset) and hasattr(x, "__getitem__") and hasattr(x, "__len__"):
             if len(x) == 0:
                 raise ConfigError(f"data.factory: {factory} returned an empty {split} dataset")
+            try:
+                first = x[0]
+            except Exception as e:
+                raise ConfigError(f"data.factory: {factory}'s {split} dataset failed on item 0: {type(e).__name__}: "
+                                  f"{str(e).strip().splitlines()[0][:200] if str(e).strip() else ''}") from None
+            if not (isinstance(first, (tuple, list)) and len(first) >= 2 or isinstance(first, dict) and "input" in first):
+                raise ConfigError(f"data.factory: {factory}'s {split} dataset gives {_kind(first)} as an item; each "
+                                  "item must be an (inputs, target) pair (or a dict with 'input' and 'target')")
             return make_dataloader(x, size, shuffle=shuffle, seed=seed, num_workers=num_workers,
                                    drop_last=drop_last and shuffle)
         if isinstance(x, (Dataset, DataLoader)) or (hasattr(x, "__iter__") and not isinstance(x, (str, bytes, dict))):
@@ -166,6 +174,31 @@ class TaskSpec:
 
     def make(self, recipe, runtime) -> Built:
         """`build`, with the code the recipe names imported under the trust rule: each import
-        path is checked against the file that named it (recipe.origins, hasten.usercode)."""
+        path is checked against the file that named it (recipe.origins, hasten.usercode); then
+        what identifies the data is checked against the recipe and recorded in it (`record`)."""
         with named_by(getattr(recipe, "origins", None)):
-            return self.build(recipe, runtime)
+            built = self.build(recipe, runtime)
+        record(recipe, built)
+        return built
+
+
+def digest_problem(value) -> "str | None":
+    ok = value is None or isinstance(value, str) and len(value) == 64 and all(c in "0123456789abcdef" for c in value)
+    return None if ok else "give the 64 lowercase hex digits of a SHA-256, or leave it unset (the run records it)"
+
+
+def record(recipe, built: Built) -> None:
+    """What a run's data depends on, checked against what the recipe recorded and recorded where
+    it was not: the tokenizer's digest (`data.tokenizer_sha256`) and the class list
+    (`data.classes`). A run folder's recipe.yaml, and the recipe kept in each artifact, then
+    carry them, so a resume, an evaluation or a compression refuses data that became other."""
+    d = recipe.data
+    tok = built.info.get("tokenizer")
+    if hasattr(d, "tokenizer_sha256") and getattr(tok, "digest", None):
+        if d.tokenizer_sha256 is not None and d.tokenizer_sha256 != tok.digest:
+            raise DataError(f"{getattr(d, 'source', 'the data')}: the tokenizer built now (sha256 {tok.digest[:12]}...) is "
+                            f"not the one this run recorded ({d.tokenizer_sha256[:12]}...): the corpus or the tokenizer "
+                            "file changed since. Restore them, or start a new run (a new data.tokenizer_sha256)")
+        d.tokenizer_sha256 = tok.digest
+    if hasattr(d, "classes") and built.info.get("classes") is not None:
+        d.classes = list(built.info["classes"])

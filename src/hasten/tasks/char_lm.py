@@ -18,7 +18,7 @@ from ..metrics import bits_per_byte
 from ..models.gpt import GPT, GPTConfig
 from ..schema import from_dict, setting
 from ..registry import register_task
-from .base import Built, NamedModel, Quality, TaskSpec, build_named, hf_model_section, user_loaders
+from .base import Built, NamedModel, Quality, TaskSpec, build_named, digest_problem, hf_model_section, user_loaders
 
 
 @dataclass
@@ -31,6 +31,8 @@ class DataConfig:
     """bpe: the vocabulary to train (the model's vocab_size follows)."""
     tokenizer_file: Optional[str] = None
     """bpe: a tokenizer.json of your own instead of training one."""
+    tokenizer_sha256: Optional[str] = setting(None, check=digest_problem)
+    """Recorded by the run when it starts (leave it unset): the SHA-256 of the tokenizer it trains with; a resume, an evaluation or a compression that would build another (the corpus changed) is refused."""
     text_field: str = "text"
     """bpe with .jsonl: the field that holds each document's text."""
     val_every: int = setting(10, ge=2)

@@ -21,7 +21,7 @@ from ..metrics import masked_accuracy
 from ..models.bert import BERT, BertConfig
 from ..registry import register_task
 from ..schema import from_dict, setting
-from .base import Built, NamedModel, Quality, TaskSpec, build_named, hf_model_section
+from .base import Built, NamedModel, Quality, TaskSpec, build_named, digest_problem, hf_model_section
 
 SPECIALS = (EOD, "[MASK]", "[CLS]", "[PAD]")   # a BERT tokenizer's special tokens (masked_lm and text_classification)
 
@@ -38,6 +38,8 @@ class DataConfig:
     """The BPE vocabulary to train on the training documents (the model's follows)."""
     tokenizer_file: Optional[str] = None
     """A tokenizer.json of your own (it must have [MASK], [CLS], [PAD] and <|endoftext|>)."""
+    tokenizer_sha256: Optional[str] = setting(None, check=digest_problem)
+    """Recorded by the run when it starts (leave it unset): the SHA-256 of the tokenizer it trains with; a resume, an evaluation or a compression that would build another (the corpus changed) is refused."""
     block_size: int = setting(128, ge=8)
     """Tokens per window."""
     batch_size: int = setting(32, ge=1)

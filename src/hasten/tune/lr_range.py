@@ -17,7 +17,9 @@ from pathlib import Path
 from ..build import build_run
 from ..config import load_recipe
 from ..core import Algorithm
+from ..files import atomic_write
 from ..optim.compiled import lr_value, set_lr
+from ..outputs import Outputs
 from ..provenance import code_version
 
 
@@ -77,7 +79,31 @@ def suggest(factors: list[float], losses: list[float]) -> float | None:
 def lr_range_test(recipe_arg: str, overrides: list[str], steps: int = 200, start: float = 1e-3, end: float = 1e2,
                   out: "str | Path | None" = None) -> dict:
     """Run the range test of a recipe; returns {factors, losses, suggested factor, the recipe's
-    learning rates and the suggested ones}, and writes lr.md, lr.json and lr.png to `out`."""
+    learning rates and the suggested ones}, and writes lr.md, lr.json and lr.png to `out` (only
+    over files a range test wrote: `hasten.outputs`)."""
+    recipe = load_recipe(recipe_arg, overrides)
+    outputs = Outputs(Path(out) if out else Path("tune-results") / recipe.name, "hasten tune --lr", legacy=_lr_folder)
+    outputs.check(LR_FILES, "choose another --out, or move them away")
+    outputs.lock("tune output folder")
+    try:
+        return _range_test(recipe_arg, overrides, steps, start, end, outputs)
+    finally:
+        outputs.unlock()
+
+
+LR_FILES = ("lr.json", "lr.md", "lr.png")
+
+
+def _lr_folder(folder: Path) -> bool:
+    """A folder written by a range test from before the output index."""
+    try:
+        data = json.loads((folder / "lr.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(data, dict) and {"factors", "losses", "suggested_factor"} <= set(data)
+
+
+def _range_test(recipe_arg: str, overrides: list[str], steps: int, start: float, end: float, outputs: Outputs) -> dict:
     with tempfile.TemporaryDirectory(prefix="hasten-lr-") as tmp:
         recipe = load_recipe(recipe_arg, list(overrides) + [
             f"trainer.run_dir={tmp}/run", "trainer.checkpoints=false", "trainer.tensorboard=false",
@@ -96,9 +122,10 @@ def lr_range_test(recipe_arg: str, overrides: list[str], steps: int = 200, start
               "lrs": [{"optimizer": o, "group": g, "recipe": lr, "suggested": lr * factor if factor else None}
                       for o, g, lr in base], "steps_run": len(test.losses), "start": start, "end": end,
               "code": code_version()}
-    out = Path(out) if out else Path("tune-results") / recipe.name
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "lr.json").write_text(json.dumps(result, indent=2))
+    out = outputs.folder
+    outputs.adopt(LR_FILES)
+    outputs.claim(LR_FILES)
+    atomic_write(out / "lr.json", lambda f: json.dump(result, f, indent=2), binary=False)
     said = (f"Suggested: {factor:.3g} times the recipe's learning rates." if factor else
             "No suggestion: the loss did not fall (try a wider range or more steps).")
     lines = [f"# Learning-rate range test: {recipe.name}", "",
@@ -111,7 +138,8 @@ def lr_range_test(recipe_arg: str, overrides: list[str], steps: int = 200, start
     png = _plot(result, out / "lr.png")
     if png:
         lines += ["", f"![loss against the learning-rate factor]({png.name})"]
-    (out / "lr.md").write_text("\n".join(lines) + "\n")
+    atomic_write(out / "lr.md", lambda f: f.write("\n".join(lines) + "\n"), binary=False)
+    outputs.record(LR_FILES)
     result["report"] = str(out / "lr.md")
     return result
 
@@ -135,6 +163,6 @@ def _plot(result: dict, path: Path) -> Path | None:
     ax.set_title(f"learning-rate range test: {result['recipe']}")
     ax.legend()
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    atomic_write(path, lambda f: fig.savefig(f, format="png", dpi=110))
     plt.close(fig)
     return path

@@ -8,6 +8,7 @@ import hashlib
 import json
 import os
 import statistics
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -197,3 +198,26 @@ def cache_path(recipe_arg: str, overrides: list[str], recipe: Recipe, min_gain: 
     key = json.dumps({"machine": machine_key(), "recipe": to_dict(recipe), "min_gain": min_gain}, sort_keys=True,
                      default=str)
     return data_root() / "tune" / f"{recipe.name}-{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
+
+
+CACHE_KEYS = {"date": str, "recipe": str, "machine": dict, "table": list, "overrides": list, "tuned_overrides": list}
+
+
+def read_cache(path: Path) -> "dict | None":
+    """A cached search, checked: None when there is none, or (with one warning) when it is not
+    a search result this hasten wrote (damaged, cut short, of another layout): it is then
+    measured again and the cache rewritten."""
+    if not path.exists():
+        return None
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        data, why = None, f"unreadable ({type(e).__name__})"
+    else:
+        bad = [k for k, kind in CACHE_KEYS.items() if not isinstance(data, dict) or not isinstance(data.get(k), kind)]
+        why = f"not a search result ({bad[0]} missing or of the wrong type)" if bad else None
+    if why is None:
+        return data
+    warnings.warn(f"hasten tune: the cached result {path} is {why}; measuring again (it will be rewritten)",
+                  stacklevel=2)
+    return None

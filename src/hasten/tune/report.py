@@ -10,7 +10,24 @@ import yaml
 
 from ..files import atomic_write
 from ..hardware import BF16_CPU_FLAGS, describe_caps
+from ..outputs import Outputs
 from ..provenance import describe
+
+REPORT_FILES = ("tune.json", "tune.md", "tune.png", "tuned.yaml")
+
+
+def _tune_folder(folder: Path) -> bool:
+    """A folder written by a tune from before the output index: its tune.json is a tune result."""
+    try:
+        data = json.loads((folder / "tune.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(data, dict) and {"recipe", "machine", "table", "tuned_overrides"} <= set(data)
+
+
+def report_outputs(out: Path) -> Outputs:
+    """The report files of a tune into `out`, under hasten's rule for output folders."""
+    return Outputs(out, "hasten tune", legacy=_tune_folder)
 
 
 def _fmt_tp(tp: dict | None) -> str:
@@ -109,13 +126,22 @@ def plot(result: dict, path: Path) -> Path | None:
     ax.set_xlabel("samples per second (95% interval)")
     ax.set_title(f"hasten tune {result['recipe']} on {result['machine']['cpu']}")
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    atomic_write(path, lambda f: fig.savefig(f, format="png", dpi=110))
     plt.close(fig)
     return path
 
 
-def write(result: dict, out: Path) -> None:
-    out.mkdir(parents=True, exist_ok=True)
+def write(result: dict, out: "Path | Outputs") -> None:
+    """tune.json, tune.md, tune.png and tuned.yaml into the output folder; only files a tune
+    wrote are replaced (`tune` checks before its search, a folder given here is checked now)."""
+    if not isinstance(out, Outputs):
+        outputs = report_outputs(Path(out))
+        outputs.check(REPORT_FILES, "choose another folder, or move them away")
+    else:
+        outputs = out
+    out = outputs.folder
+    outputs.adopt(REPORT_FILES)
+    outputs.claim(REPORT_FILES)
     atomic_write(out / "tune.json", lambda f: json.dump(result, f, indent=2, default=str), binary=False)
     md = render(result)
     png = plot(result, out / "tune.png")
@@ -134,3 +160,4 @@ def write(result: dict, out: Path) -> None:
             node = node.setdefault(p, {})
         node[parts[-1]] = yaml.safe_load(value) if value != "" else None
     atomic_write(out / "tuned.yaml", lambda f: yaml.safe_dump(tuned, f, sort_keys=False), binary=False)
+    outputs.record(REPORT_FILES)

@@ -78,11 +78,12 @@ from ..config import load_recipe
 from ..core import Time
 from ..errors import ConfigError
 from ..files import atomic_write
+from ..processes import spawn, stop
 from ..provenance import code_version
 from ..registry import TASKS
 from .plan import (BATCH_STATS, GUARDED, KEYS, Option, Trial, _default, cache_path, first_step_extra, machine_key,
-                   round_medians, stages, throughput)
-from .report import write
+                   read_cache, round_medians, stages, throughput)
+from .report import REPORT_FILES, report_outputs, write
 
 
 class Tuner:
@@ -117,14 +118,22 @@ class Tuner:
                     "max_steps": max_steps or max(60, self.warmup + self.steps), "profile": profile}
             Path(tmp, "spec.json").write_text(json.dumps(spec))
             t = time.perf_counter()
-            proc = subprocess.run([sys.executable, "-m", "hasten.tune.worker", str(Path(tmp, "spec.json")),
-                                   str(Path(tmp, "out.json"))], capture_output=True, text=True)
+            with open(Path(tmp, "log.txt"), "w+") as log:
+                proc = spawn([sys.executable, "-m", "hasten.tune.worker", str(Path(tmp, "spec.json")),
+                              str(Path(tmp, "out.json"))], stdout=log, stderr=subprocess.STDOUT, text=True)
+                try:
+                    proc.wait()
+                except BaseException:   # Ctrl-C, SIGTERM (Terminated): the worker goes first, then its folder
+                    stop(proc, grace_s=5.0)
+                    raise
+                log.seek(0)
+                output = log.read()
             wall = time.perf_counter() - t
             self.spent_per_trial.append(wall)
             try:
                 result = json.loads(Path(tmp, "out.json").read_text())
             except (OSError, ValueError):
-                tail = (proc.stderr or proc.stdout or "").strip().splitlines()[-1:] or ["no output"]
+                tail = output.strip().splitlines()[-1:] or ["no output"]
                 result = {"label": label, "status": "failed", "reason": f"the trial process ended ({proc.returncode}): "
                                                                        f"{tail[0][:200]}"}
         result["warmup"], result["wall_s"] = self.warmup, wall
@@ -179,6 +188,10 @@ class Tuner:
             task = progress.add_task("", total=total)
             with self._clock("as written"):
                 written = self.measure([Option("as written", "the recipe as written", [])], [], progress, task)[0]
+            if written.failure or not written.times:   # nothing to tune, and nothing to cache
+                raise ConfigError(f"hasten tune: the recipe as written does not train on this machine "
+                                  f"({(written.failure or 'no step was timed')[:300]}); `hasten train` with the "
+                                  "same recipe and overrides shows the whole error")
             base_tp = throughput(written, batch)
             if any(r.get("batch_norm") for r in written.results):   # the worker saw batch-norm layers
                 self.guarded = GUARDED + (BATCH_STATS,)
@@ -439,13 +452,19 @@ def tune(recipe_arg: str, overrides: list[str], budget_s: float = 600.0, out: "s
     if recipe.task not in TASKS:
         raise ConfigError(f"hasten tune: unknown task {recipe.task!r}")
     out = Path(out) if out else Path("tune-results") / recipe.name
-    cache = cache_path(recipe_arg, overrides, recipe, kw.get("min_gain", 0.05))
-    if cache.exists() and not fresh:
-        result = json.loads(cache.read_text())
-        console.print(f"cached: measured on this machine on {result['date']} (--fresh to measure again)")
-    else:
-        result = Tuner(recipe_arg, overrides, budget_s, out, console, **kw).search()
-        cache.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write(cache, lambda f: json.dump(result, f, indent=2, default=str), binary=False)
-    write(result, out)
+    outputs = report_outputs(out)
+    outputs.check(REPORT_FILES, "choose another --out, or move them away")   # before any trial runs
+    outputs.lock("tune output folder")   # a second tune into the same --out is refused while this one runs
+    try:
+        cache = cache_path(recipe_arg, overrides, recipe, kw.get("min_gain", 0.05))
+        result = read_cache(cache) if not fresh else None
+        if result is not None:
+            console.print(f"cached: measured on this machine on {result['date']} (--fresh to measure again)")
+        else:
+            result = Tuner(recipe_arg, overrides, budget_s, out, console, **kw).search()
+            cache.parent.mkdir(parents=True, exist_ok=True)
+            atomic_write(cache, lambda f: json.dump(result, f, indent=2, default=str), binary=False)
+        write(result, outputs)
+    finally:
+        outputs.unlock()
     return result
