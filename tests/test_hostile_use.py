@@ -67,9 +67,9 @@ def test_on_logger_error_stop_ends_the_run_cleanly_with_a_checkpoint(tmp_path):
 
 
 def test_tracker_settings_are_checked_by_key_when_the_recipe_loads(tmp_path):
-    with pytest.raises(ConfigError, match=r"trainer\.mlflow.*experiment: 5 is not a str"):
+    with pytest.raises(ConfigError, match=r"trainer\.mlflow.*has experiment: 5, which is not a str"):
         load_recipe("cifar10-baseline", ["trainer.mlflow={experiment: 5}"])
-    with pytest.raises(ConfigError, match=r"trainer\.wandb.*mode: 'loud' is not one of"):
+    with pytest.raises(ConfigError, match=r"trainer\.wandb.*has mode 'loud', not one of"):
         load_recipe("cifar10-baseline", ["trainer.wandb={mode: loud}"])
     (tmp_path / "store").mkdir()
     with pytest.raises(ConfigError, match=r"trainer\.mlflow.*is a folder; an sqlite store is a file"):

@@ -56,7 +56,7 @@ def size_problem(value) -> "str | None":
     try:
         parse_bytes(value)
     except ConfigError as e:
-        return str(e).split(": ", 1)[-1]
+        return "is not a size; " + str(e).split(": ", 1)[-1]
     return None
 
 

@@ -69,13 +69,14 @@ def options_problem(options) -> "str | None":
     if options is None:
         return None
     if not isinstance(options, dict):
-        return f"give a mapping of {', '.join(OPTIONS)} (or {{}} for the defaults), not {type(options).__name__}"
+        return f"is not a mapping; give one of {', '.join(OPTIONS)} (or {{}} for the defaults)"
     for key, value in options.items():
         if key not in OPTIONS:
-            return f"unknown key {key!r}; it takes {', '.join(OPTIONS)}"
+            return f"has an unknown key {key!r}; it takes {', '.join(OPTIONS)}"
         if value is not None and not isinstance(value, OPTIONS[key]):
-            return f"{key}: {value!r} is not a {OPTIONS[key].__name__}"
-    return store_problem(options.get("tracking_uri"))
+            return f"has {key}: {value!r}, which is not a {OPTIONS[key].__name__}"
+    problem = store_problem(options.get("tracking_uri"))
+    return f"has tracking_uri {options['tracking_uri']}: {problem}" if problem else None
 
 
 class MLflowLogger(LoggerDestination):

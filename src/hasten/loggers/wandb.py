@@ -22,14 +22,14 @@ def options_problem(options) -> "str | None":
     if options is None:
         return None
     if not isinstance(options, dict):
-        return f"give a mapping of {', '.join(OPTIONS)} (or {{}} for the defaults), not {type(options).__name__}"
+        return f"is not a mapping; give one of {', '.join(OPTIONS)} (or {{}} for the defaults)"
     for key, value in options.items():
         if key not in OPTIONS:
-            return f"unknown key {key!r}; it takes {', '.join(OPTIONS)}"
+            return f"has an unknown key {key!r}; it takes {', '.join(OPTIONS)}"
         if value is not None and not isinstance(value, OPTIONS[key]):
-            return f"{key}: {value!r} is not a {OPTIONS[key].__name__}"
+            return f"has {key}: {value!r}, which is not a {OPTIONS[key].__name__}"
     if options.get("mode") is not None and options["mode"] not in MODES:
-        return f"mode: {options['mode']!r} is not one of {', '.join(MODES)}"
+        return f"has mode {options['mode']!r}, not one of {', '.join(MODES)}"
     return None
 
 
