@@ -37,6 +37,8 @@ from .schema import check_time, suggest
 from .core import Time, TimeUnit
 from .core.algorithm import parallel_refusal_message
 from .distributed.world import leave_worker
+from .data.prepare import describe as describe_source
+from .data.prepare import prepare as prepare_source
 from .errors import ConfigError, HastenError
 from .files import atomic_write, ensure_writable_dir
 from .processes import Terminated, raise_terminated
@@ -319,10 +321,21 @@ def _cmd_compress(args) -> int:
 def _cmd_eval(args) -> int:
     t0 = time.perf_counter()
     require_artifact(args.artifact)   # a missing file is said before an evaluation is announced
-    print(f"evaluating {args.artifact} on its recipe's evaluation data", file=sys.stderr, flush=True)
-    metrics = evaluate_artifact(args.artifact, args.overrides, trust_code=args.trust_code)
+    metrics = evaluate_artifact(args.artifact, args.overrides, trust_code=args.trust_code, announce=lambda: print(
+        f"evaluating {args.artifact} on its recipe's evaluation data", file=sys.stderr, flush=True))
     print("  ".join(f"{k}={v:.4f}" for k, v in metrics.items()))
     print(f"done in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
+    return 0
+
+
+def _cmd_data_prepare(args) -> int:
+    console = Console(stderr=True, highlight=False, soft_wrap=True, quiet=args.no_progress)
+    manifest, wrote = prepare_source(args.source, args.out, block_size=args.block_size, vocab_size=args.vocab_size,
+                                     val_every=args.val_every, text_field=args.text_field, shard_mb=args.shard_mb,
+                                     seed=args.seed, console=console)
+    print(describe_source(manifest, args.out) + ("" if wrote else " (already prepared with these settings)"))
+    key = "data.source" if manifest["kind"] == "tokens" else "data.stream"
+    print(f"train from it with {key}={args.out}")
     return 0
 
 
@@ -523,6 +536,28 @@ def make_parser() -> argparse.ArgumentParser:
     u.add_argument("--lr-steps", type=int, default=200, help="--lr: steps of the sweep (default 200)")
     _trust_flag(u)
     u.set_defaults(func=_cmd_tune)
+    dp = sub.add_parser("data", help="prepare data that does not fit one machine, for streaming",
+                        description="Data for streamed training (docs/streaming.md).")
+    dsub = dp.add_subparsers(dest="data_command", metavar="ACTION")
+    pr = dsub.add_parser("prepare", help="write a source as Parquet shards with a manifest, locally or to an "
+                         "object store", description="Write SOURCE as a prepared source at --out: token windows "
+                         "(a text corpus, with its BPE) or raw uint8 images with labels, in Parquet shards of about "
+                         "--shard-mb MiB and a manifest (hasten-stream.json), so recipes stream it with "
+                         "data.source=OUT (language models) or data.stream=OUT (images). --out is a folder or an "
+                         "fsspec URL (s3://bucket/prefix; S3-compatible servers through AWS_ENDPOINT_URL). It "
+                         "must be empty, or hold a source prepared with the same settings.")
+    pr.add_argument("source", metavar="SOURCE", help="prose, a text corpus (.txt, a folder or archive of .txt, "
+                    ".jsonl(.gz)), cifar10, a CIFAR-10 archive or image zip, or an image folder with train/ and val/")
+    pr.add_argument("--out", required=True, metavar="DIR|URL", help="where to write it (a folder, s3://...)")
+    pr.add_argument("--block-size", type=int, default=256, help="text: tokens a window (default 256)")
+    pr.add_argument("--vocab-size", type=int, default=8192, help="text: the BPE vocabulary (default 8192)")
+    pr.add_argument("--val-every", type=int, default=10, help="text: every Nth document to validation (default 10)")
+    pr.add_argument("--text-field", default="text", help="text from .jsonl: the field holding it (default text)")
+    pr.add_argument("--shard-mb", type=float, default=64.0, help="size of a shard in MiB (default 64)")
+    pr.add_argument("--seed", type=int, default=0, help="the shuffle of the training rows (default 0)")
+    pr.add_argument("--no-progress", action="store_true", help="no progress bar")
+    pr.set_defaults(func=_cmd_data_prepare)
+    dp.set_defaults(func=lambda args: (dp.print_help(), 2)[1])
     r = sub.add_parser("recipes", help="list the packaged recipes")
     r.set_defaults(func=_cmd_recipes)
     return p

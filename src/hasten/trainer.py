@@ -258,6 +258,8 @@ class Trainer:
         self._intervals_need_progress = self.eval_interval.needs_progress or self.log_interval.needs_progress
         self._next_due = self._next_batch_due()
         self._warm_pending = self._compiled   # compiled: every shape of the run compiled before the first step
+        state.data_seconds, state.fit_train_seconds = 0.0, state.timestamp.train_seconds   # this fit's data wait
+        self._logged_at = (0.0, state.timestamp.train_seconds)
         state.model.train()
         self._stop.install()
         try:
@@ -268,7 +270,8 @@ class Trainer:
                 if not mid_epoch:
                     run(EPOCH_START)
                 state.steps_per_epoch = len(loader) if hasattr(loader, "__len__") else None
-                batches = epoch_iterator(loader, state.seed, ts.epoch, ts.batch_in_epoch)
+                batches = epoch_iterator(loader, state.seed, ts.epoch, ts.batch_in_epoch, restored=state.loader_restored)
+                state.loader_restored = False   # the next epoch starts afresh
                 if self._run_epoch(batches):
                     self._end_epoch()
             self._finish()
@@ -354,6 +357,7 @@ class Trainer:
                 if self._stop_on_signal():   # Ctrl-C reached loader workers too: the last step is saved
                     return False
                 raise
+            state.data_seconds += perf_counter() - t0                 # how long the step waited for its batch
             if shared is not None:                                     # data parallel: this rank's share
                 batch, state.global_batch_size = shared.take(batch, state.timestamp.epoch, state.timestamp.batch_in_epoch)
             state.batch = batch if on_cpu else to_device(batch, device)
@@ -688,8 +692,11 @@ class Trainer:
         else:
             loss = state.read_train_loss()
         if loss is not None:
+            trained = state.timestamp.train_seconds - self._logged_at[1]
+            wait = (state.data_seconds - self._logged_at[0]) / trained if trained > 0 else 0.0
+            self._logged_at = (state.data_seconds, state.timestamp.train_seconds)
             self.logger.log({"train/loss": loss, "train/lr": state.lr(), "train/epoch": state.timestamp.epoch,
-                             "time/train_seconds": state.timestamp.train_seconds})
+                             "time/train_seconds": state.timestamp.train_seconds, "time/data_wait": wait})
         self.logger.flush(state.timestamp.batch)
 
     def _has_eval(self) -> bool:
@@ -853,6 +860,8 @@ def fit_summary(state: State, wall_s: float) -> str:
     line = (f"hasten: trained {ts.batch} batches ({ts.sample:,} samples"
             + (f", {ts.token:,} tokens" if ts.token else "") + f") in {ts.train_seconds:.1f} s of training, "
             f"{wall_s:.1f} s in all")
+    if ts.train_seconds > state.fit_train_seconds:
+        line += f" (waiting for data {100 * state.data_wait:.0f}% of the training time)"
     if state.stop_reason:
         line += f"; stopped: {state.stop_reason}"
     if state.eval_metrics:

@@ -18,9 +18,9 @@ LAYERS = (
      ("checkpoint", "callbacks", "arguments")),
     ("assembly and the loop", "the options, the assembler, preparing a model, the Trainer",
      ("assembly", "trainer")),
-    ("applications", "recipes, run folders, the harness, compression, tune, the command line, the hosts' "
+    ("applications", "recipes, run folders, the harness, compression, tune, data preparation, the command line, the hosts' "
      "integrations (imported by users, never by the core), and the package face",
-     ("", "config", "runs", "build", "bench", "compress", "tune", "cli", "__main__", "integrations.host",
+     ("", "config", "runs", "build", "bench", "compress", "tune", "data.prepare", "cli", "__main__", "integrations.host",
       "integrations.lightning", "integrations.hf_trainer")),
 )
 

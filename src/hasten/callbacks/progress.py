@@ -80,6 +80,8 @@ class ProgressBar(Callback):
         mfu = logger.latest.get("throughput/mfu")   # SpeedMonitor's, when it knows the FLOPs and the peak
         if mfu is not None:
             speed += f" MFU {100 * mfu:.1f}%"
+        if ts.batch > self._b0:   # the share of training time spent waiting for batches: is the loader the bottleneck?
+            speed += f" data {100 * state.data_wait:.0f}%"
         shown = {k: v for k, v in logger.latest.items() if k == "train/loss" or k.startswith("val/")}
         info = " ".join(f"{k}={fmt(v)}" for k, v in shown.items())
         return speed, info

@@ -23,6 +23,7 @@ import torch
 
 from ..version import __version__
 from ..distributed import fsdp
+from ..data.resumable import keeps_state, plain_state
 from ..distributed.tensors import gather_whole, local_tensors
 from ..core.time import Timestamp
 from ..errors import CheckpointError, first_line
@@ -201,8 +202,53 @@ def capture(state, extra_meta: dict | None = None, whole: bool = True) -> dict:
         "algorithms": {k: gather_whole(a.state_dict()) for k, a in keyed(state.algorithms).items()},
         "callbacks": {k: c.state_dict() for k, c in keyed(state.callbacks).items()},
         "rng": rng_tensors,
+        "loaders": loader_states(state),
         "meta": json.dumps(meta),
     }
+
+
+def loader_states(state) -> dict:
+    """{"train": [state of each rank's training loader]} for a loader that keeps its own state
+    (hasten.data.resumable.keeps_state); {} for one hasten resumes from the clock. Under data
+    parallelism every rank's state is gathered (every rank calls this, as it calls capture)."""
+    loader = state.train_dataloader
+    if not keeps_state(loader):
+        return {}
+    own = loader.state_dict()
+    if not plain_state(own):
+        warnings.warn(f"the training loader's state ({type(loader).__name__}.state_dict()) holds objects a "
+                      "checkpoint cannot load without running code; it is not saved, and a resume loads and drops "
+                      "the batches it skips")
+        own = None
+    world = state.runtime.world
+    if world.size > 1:
+        import torch.distributed as dist   # (a process group exists whenever size > 1)
+        gathered = [None] * world.size
+        dist.all_gather_object(gathered, own)
+    else:
+        gathered = [own]
+    return {"train": gathered} if all(s is not None for s in gathered) else {}
+
+
+def restore_loader(state, payload: dict) -> None:
+    """Give the training loader back its state (this rank's); say so when it cannot be."""
+    loader = state.train_dataloader
+    state.loader_restored = False
+    if not keeps_state(loader):
+        return
+    saved = (payload.get("loaders") or {}).get("train")
+    world = state.runtime.world
+    if not saved:
+        warnings.warn(f"the checkpoint holds no state of the training loader ({type(loader).__name__}); resuming "
+                      f"loads and drops the {state.timestamp.batch_in_epoch} batches of this epoch it already trained on")
+        return
+    if len(saved) != world.size:
+        warnings.warn(f"the training loader's state was saved by {len(saved)} process(es), this run has {world.size}: "
+                      f"a loader's state is per process, so it loads and drops the {state.timestamp.batch_in_epoch} "
+                      "batches of this epoch it already trained on")
+        return
+    loader.load_state_dict(saved[world.rank])
+    state.loader_restored = True
 
 
 # ---------------------------------------------------------------------------- restore
@@ -298,6 +344,7 @@ def restore_rest(state, payload: dict, meta: dict) -> dict:
                 warnings.warn(f"checkpoint has no state for {group[:-1]} {key}; it starts fresh")
     state.timestamp.load_state_dict(meta["timestamp"])
     state.checked_batch = state.timestamp.batch
+    restore_loader(state, payload)
     if state.microbatch_auto and meta.get("microbatch") is not None:
         state.microbatch = min(state.microbatch, meta["microbatch"])   # microbatch=auto: the size that fitted
     _set_rng_state(payload["rng"], meta["rng"])

@@ -565,8 +565,13 @@ def load_artifact(path, overrides: list[str] = (), device: str = "cpu",
     return model, session, meta
 
 
-def evaluate_artifact(path, overrides: list[str] = (), device: str = "cpu", trust_code: bool = False) -> dict:
+def evaluate_artifact(path, overrides: list[str] = (), device: str = "cpu", trust_code: bool = False,
+                      announce=None) -> dict:
+    """The artifact's metrics on its recipe's evaluation data; `announce()` is called once the
+    artifact is read and checked, before the evaluation runs."""
     model, session, meta = load_artifact(path, overrides, device, trust_code)
+    if announce is not None:
+        announce()
     return eval_trainer(model, session, meta.get("timestamp")).evaluate()
 
 

@@ -64,6 +64,16 @@ class State:
     checked_batch: int = 0        # batches up to here are known to have had finite losses
     last_checkpoint: str | None = None
     resumed_from: dict | None = None   # {"path", "run_id"} of the checkpoint this state was restored from
+    loader_restored: bool = False      # the training loader's own state came back from the checkpoint
+    data_seconds: float = 0.0          # this fit's time spent getting the next training batch (in train_seconds)
+    fit_train_seconds: float = 0.0     # timestamp.train_seconds when this fit started
+
+    @property
+    def data_wait(self) -> float:
+        """The share of this fit's training time spent waiting for the next batch: near 0 when
+        the model is the bottleneck, near 1 when the loader is."""
+        trained = self.timestamp.train_seconds - self.fit_train_seconds
+        return self.data_seconds / trained if trained > 0 else 0.0
     method_seconds: float = 0.0   # time algorithms spent on work that is part of their method outside the
                                   # training clock (a whitening fit, test-time views); the harness reports it
     # control

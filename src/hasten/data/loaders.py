@@ -23,10 +23,12 @@ def default_workers() -> int:
 
 def make_dataloader(dataset: Dataset, batch_size: int, shuffle: bool = True, seed: int = 0,
                     transform=None, num_workers: int | None = None, drop_last: bool = False,
-                    device: "str | torch.device | None" = None, prefetch_factor: int | None = None) -> DataLoader:
+                    device: "str | torch.device | None" = None, prefetch_factor: int | None = None,
+                    blocks: "list[int] | None" = None) -> DataLoader:
     """A DataLoader over `dataset` with a resumable order and seeded per-sample transforms.
     `batch_size` is the global batch: under data parallelism the Trainer makes each rank's
-    workers load only that rank's share of every batch."""
+    workers load only that rank's share of every batch. `blocks`: the sizes of the shards the
+    samples lie in, in order (a streamed source): the order is then shard-local."""
     ds = TransformDataset(dataset, transform, seed=seed)
     workers = default_workers() if num_workers is None else num_workers
     pin = torch.device(device).type == "cuda" if device is not None else torch.cuda.is_available()
@@ -35,7 +37,8 @@ def make_dataloader(dataset: Dataset, batch_size: int, shuffle: bool = True, see
         kwargs.update(persistent_workers=True, prefetch_factor=prefetch_factor or 4)
     if workers > 0:
         kwargs["worker_init_fn"] = ignore_ctrl_c
-    batches = ResumableBatchSampler(ResumableSampler(len(ds), shuffle, seed, keyed=True), batch_size, drop_last)
+    batches = ResumableBatchSampler(ResumableSampler(len(ds), shuffle, seed, keyed=True, blocks=blocks), batch_size,
+                                    drop_last)
     return DataLoader(ds, batch_sampler=batches, num_workers=workers, pin_memory=pin, collate_fn=collate_shares,
                       generator=torch.Generator().manual_seed(seed), **kwargs)
 

@@ -15,8 +15,10 @@ the batches the uninterrupted run saw.
 from __future__ import annotations
 
 import itertools
+import warnings
 from typing import Callable, Iterator
 
+import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
@@ -40,21 +42,46 @@ def epoch_order(num_samples: int, chosen: torch.Tensor | None, shuffle: bool, se
     return order
 
 
+def shard_local_order(blocks: list[int], seed: int, epoch: int, window: int = 4) -> torch.Tensor:
+    """A permutation of all rows of `blocks` (shard sizes, in manifest order) drawn from
+    (seed, epoch): the shards shuffled, then the rows of each group of `window` consecutive
+    shards shuffled together."""
+    g = torch.Generator().manual_seed(derive_seed(seed, epoch, 0x5AD))
+    starts = np.concatenate([[0], np.cumsum(blocks)[:-1]]).tolist()
+    shards = torch.randperm(len(blocks), generator=g).tolist()
+    parts = []
+    for i in range(0, len(shards), window):
+        rows = torch.cat([torch.arange(starts[s], starts[s] + blocks[s]) for s in shards[i:i + window]])
+        parts.append(rows[torch.randperm(len(rows), generator=g)])
+    return torch.cat(parts)
+
+
 class ResumableSampler(Sampler):
     """Shuffles with a permutation drawn from (seed, epoch); `set_epoch(epoch, skip)` starts
     the epoch `skip` samples in. With keyed=True it yields (epoch, index) keys for a
     TransformDataset, so per-sample augmentation knows its epoch inside worker processes."""
 
-    def __init__(self, num_samples: int, shuffle: bool = True, seed: int = 0, keyed: bool = False):
+    def __init__(self, num_samples: int, shuffle: bool = True, seed: int = 0, keyed: bool = False,
+                 blocks: "list[int] | None" = None):
         self.num_samples, self.shuffle, self.seed, self.keyed = int(num_samples), shuffle, seed, keyed
         self.epoch, self.skip = 0, 0
         self.selector = None   # optional: restricts an epoch to selector.indices() (see InfoBatch)
+        self.blocks = blocks   # optional: the samples' shards, shuffled shard-locally (shard_local_order)
+        if blocks is not None and sum(blocks) != self.num_samples:
+            raise ValueError(f"blocks hold {sum(blocks)} samples, not {self.num_samples}")
 
     def set_epoch(self, epoch: int, skip: int = 0) -> None:
         self.epoch, self.skip = int(epoch), int(skip)
 
     def order(self, epoch: int) -> torch.Tensor:
         chosen = self.selector.indices() if self.selector is not None else None
+        if self.blocks is not None and self.shuffle:
+            order = shard_local_order(self.blocks, self.seed, epoch)
+            if chosen is not None:   # a selection (InfoBatch) keeps the shard-local order of what it keeps
+                keep = torch.zeros(self.num_samples, dtype=torch.bool)
+                keep[chosen] = True
+                order = order[keep[order]]
+            return order
         return epoch_order(self.num_samples, chosen, self.shuffle, self.seed, epoch)
 
     def __iter__(self) -> Iterator:
@@ -141,7 +168,10 @@ class TransformDataset(Dataset):
         x, y = self.base[i]
         if self.transform is not None:
             g = torch.Generator().manual_seed(derive_seed(self.seed, epoch, i))
-            x = self.transform(x, g)
+            if getattr(self.transform, "pairs", False):   # a transform of inputs and targets together
+                x, y = self.transform(x, y, g)
+            else:
+                x = self.transform(x, g)
         return (x, y, i) if self.with_indices else (x, y)
 
 
@@ -174,17 +204,43 @@ def carry_sample_indices(loader) -> "tuple[object, int] | None":
     return None
 
 
-def epoch_iterator(loader, seed: int, epoch: int, skip_batches: int = 0) -> Iterator:
+def keeps_state(loader) -> bool:
+    """A loader that saves and restores its own position (torchdata's StatefulDataLoader, a
+    streaming library's loader, a user's own with state_dict/load_state_dict), and is not one
+    hasten resumes from the clock itself (its own loaders, a DataLoader over a ResumableSampler)."""
+    return (callable(getattr(loader, "state_dict", None)) and callable(getattr(loader, "load_state_dict", None))
+            and not hasattr(loader, "iter_epoch") and resumable_sampler(loader) is None)
+
+
+def plain_state(value, depth: int = 0) -> bool:
+    """Whether a loader's state is made of what a checkpoint may hold and load without running
+    code: mappings, lists, numbers, strings, None and tensors."""
+    if depth > 50:
+        return False
+    if value is None or isinstance(value, (bool, int, float, str, torch.Tensor)):
+        return True
+    if isinstance(value, dict):
+        return all(isinstance(k, (str, int)) and plain_state(v, depth + 1) for k, v in value.items())
+    if isinstance(value, (list, tuple)):
+        return all(plain_state(v, depth + 1) for v in value)
+    return False
+
+
+def epoch_iterator(loader, seed: int, epoch: int, skip_batches: int = 0, restored: bool = False) -> Iterator:
     """Start epoch `epoch` of `loader`, `skip_batches` batches in.
 
     - hasten loaders implement `iter_epoch(epoch, skip_batches)` and are used directly;
     - a DataLoader over a ResumableSampler starts part-way without loading skipped data;
+    - a loader that keeps its own state (`keeps_state`) and had it restored from the checkpoint
+      (`restored`) continues where it stood: nothing skipped, nothing reseeded;
     - any other iterable is started with the global torch RNG seeded from (seed, epoch)
       inside `fork_rng` (so a plain RandomSampler shuffles reproducibly and the caller's RNG
       is untouched), and skipped batches are loaded and dropped.
     """
     if hasattr(loader, "iter_epoch"):
         return iter(loader.iter_epoch(epoch, skip_batches))
+    if restored:
+        return iter(loader)
     found = resumable_sampler(loader)
     if found is not None:
         sampler, batch = found
@@ -194,6 +250,11 @@ def epoch_iterator(loader, seed: int, epoch: int, skip_batches: int = 0) -> Iter
         inner = getattr(loader, "sampler", None)
         if hasattr(inner, "set_epoch"):  # DistributedSampler
             inner.set_epoch(epoch)
+        if skip_batches and not keeps_state(loader):
+            warnings.warn(f"resuming {skip_batches} batches into epoch {epoch} with a {type(loader).__name__} that keeps "
+                          "no state and has no resumable sampler: those batches are loaded and dropped, and the rest "
+                          "of the epoch matches the uninterrupted run only if the loader's order depends on torch's "
+                          "global seed alone (make_dataloader, or torchdata's StatefulDataLoader, resume exactly)")
     return _forked(loader, derive_seed(seed, epoch), skip_batches)
 
 

@@ -4,13 +4,21 @@ documents and cached, or `tokenizer_file`; split by document, every `val_every`-
 validation; `document_mask` keeps attention inside each document), or pre-tokenised token
 files (`tokenizer: none` with `train_file`/`val_file`, e.g. GPT-2 BPE ids as nanoGPT's
 prepare scripts write them). Registered as tasks `char_lm` and `lm`. Metrics: val/loss (nats
-per token) and, with BPE, val/bpb (bits per byte of text: tokenizers compare)."""
+per token) and, with BPE, val/bpb (bits per byte of text: tokenizers compare).
+
+`source` may also name a prepared source (`hasten data prepare`, a local folder or an object-store
+URL such as s3://bucket/prose): its token windows are streamed shard by shard in a shard-local
+order that resumes exactly (hasten.data.streaming)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal, Optional
 
+from torch.utils.data import Subset
+
 from ..data.corpus import BPE, token_bytes, tokenized_corpus
+from ..data.loaders import make_dataloader
+from ..data.streaming import StreamOptions, StreamTokens, is_stream, load_tokenizer, open_source, splits
 from ..data.text import (ByteTokenizer, CharTokenizer, EvalWindows, RandomWindows, check_token_range, compact_dtype,
                          load_text, load_token_file, split_tokens)
 from ..errors import ConfigError, DataError
@@ -22,9 +30,9 @@ from .base import Built, NamedModel, Quality, TaskSpec, build_named, digest_prob
 
 
 @dataclass
-class DataConfig:
+class DataConfig(StreamOptions):
     source: str = "tinyshakespeare"
-    """A packaged corpus or a text file (char, byte); for bpe: prose, a .txt, a folder or archive of .txt, a .jsonl(.gz), or URL#sha256=HEX."""
+    """A packaged corpus or a text file (char, byte); for bpe: prose, a .txt, a folder or archive of .txt, a .jsonl(.gz), URL#sha256=HEX, or a prepared source (a folder or s3://... URL from hasten data prepare)."""
     tokenizer: Literal["char", "byte", "bpe", "none"] = "char"
     """char: one token per character; byte: UTF-8 bytes; bpe: byte-level BPE over documents; none: pre-tokenised train_file / val_file."""
     vocab_size: int = setting(8192, ge=256)
@@ -59,6 +67,8 @@ class DataConfig:
     """Context length of evaluation windows; default: block_size."""
     eval_batch_size: int = setting(64, ge=1)
     """Windows per evaluation batch."""
+    num_workers: Optional[int] = setting(None, ge=0)
+    """A prepared source: DataLoader worker processes (default cores - 1); other sources are windows in memory."""
     train_fraction: float = setting(0.9, gt=0, lt=1)
     """The first fraction of the text is the training split, the rest validation."""
 
@@ -109,10 +119,50 @@ def _build_factory(recipe, runtime) -> Built:
                  info={"data": d.factory, "vocab_size": vocab, "params": sum(p.numel() for p in model.parameters())})
 
 
+def _build_stream(recipe, runtime) -> Built:
+    """A prepared token source, streamed (hasten.data.streaming)."""
+    d: DataConfig = recipe.data
+    if d.tokenizer != "bpe":
+        raise ConfigError(f"data.source={d.source} is a prepared source, already tokenized with its BPE: set "
+                          f"data.tokenizer=bpe (not {d.tokenizer})")
+    manifest = open_source(d.source, "tokens", "data.source", d)
+    tok = load_tokenizer(d.source, manifest)
+    train_split, eval_split = splits(d.source, manifest, d, ("train", "eval"))
+    eval_block = d.eval_block_size or d.block_size
+    train_set = StreamTokens(train_split, d.block_size, segments=d.document_mask)
+    eval_set = StreamTokens(eval_split, eval_block, segments=d.document_mask)
+    if d.eval_tokens:
+        eval_set = Subset(eval_set, range(min(len(eval_set), max(1, d.eval_tokens // eval_block))))
+    m = recipe.model
+    if isinstance(m, NamedModel):
+        model = build_named("causal_lm", m, {"vocab_size": tok.vocab_size},
+                            {"vocab_size": tok.vocab_size, "block_size": max(d.block_size, eval_block)})
+        params = sum(p.numel() for p in model.parameters())
+    else:
+        m = replace(m, vocab_size=tok.vocab_size, block_size=max(m.block_size, d.block_size, eval_block))
+        try:
+            model = GPT(GPTConfig(**{k: v for k, v in vars(m).items() if k != "name"}))
+        except ValueError as e:
+            raise ConfigError(f"model: {e}") from e
+        params = model.num_params()
+    seed = runtime.seed
+    return Built(
+        model=model,
+        train_dataloader=make_dataloader(train_set, d.batch_size, shuffle=True, seed=seed, num_workers=d.num_workers,
+                                         blocks=train_split.blocks),
+        eval_dataloader=make_dataloader(eval_set, d.eval_batch_size, shuffle=False, seed=seed,
+                                        num_workers=d.num_workers),
+        metrics={"bpb": bits_per_byte(token_bytes(tok))},
+        info={"params": params, "vocab_size": tok.vocab_size, "train_windows": len(train_set),
+              "eval_windows": len(eval_set), "source": d.source, "tokenizer": tok})
+
+
 def build(recipe, runtime) -> Built:
     d: DataConfig = recipe.data
     if d.factory:
         return _build_factory(recipe, runtime)
+    if is_stream(d.source):
+        return _build_stream(recipe, runtime)
     train, val, tok, (train_seg, val_seg) = _tokens(d)
     if d.eval_tokens:
         val = val[:d.eval_tokens + 1]

@@ -3,6 +3,10 @@
 Two loaders: `dataloader` (a host DataLoader with worker processes and per-sample
 augmentation: what most users write) and `device` (hasten.data.DeviceLoader: the dataset
 on the training device as uint8, whole-batch augmentation there, no workers).
+
+`stream` names a prepared image source (`hasten data prepare`: a local folder or an object-store
+URL): its raw uint8 images are read shard by shard by DataLoader workers, in a shard-local order
+that resumes exactly (hasten.data.streaming), with the host loader's augmentation.
 """
 from __future__ import annotations
 
@@ -16,7 +20,8 @@ from ..data.device import DeviceLoader
 from ..data.imagefolder import ImageFolder, RandomResizedCrop, ResizeCenterCrop
 from ..data.loaders import TensorPairs, make_dataloader
 from ..data.transforms import Normalize, RandomCropFlip
-from ..errors import ConfigError
+from ..data.streaming import StreamImages, StreamOptions, open_source, splits
+from ..errors import ConfigError, DataError
 from ..models import MODELS
 from ..models.flops import training_flops_per_sample
 from ..schema import setting, signature_config, suggest
@@ -26,7 +31,7 @@ from .base import Built, NamedModel, Quality, TaskSpec, build_named, hf_model_se
 
 
 @dataclass
-class DataConfig:
+class DataConfig(StreamOptions):
     dataset: Literal["cifar10", "imagefolder"] = "cifar10"
     """cifar10 (downloaded and checksummed, or data.path) or an ImageNet-style image folder."""
     factory: Optional[str] = None
@@ -37,6 +42,8 @@ class DataConfig:
     """factory: the number of classes (default: the training dataset's `classes`)."""
     path: Optional[str] = None
     """cifar10: the official archive or folder, or an image-folder zip; imagefolder: the root."""
+    stream: Optional[str] = None
+    """A prepared image source to stream instead (a folder or s3://... URL from hasten data prepare); the dataset's transforms apply (cifar10: crop and flip; imagefolder: resized crops)."""
     image_size: int = setting(224, ge=1)
     """imagefolder: the training crop and evaluation size."""
     eval_resize: int = setting(256, ge=1)
@@ -163,10 +170,47 @@ def _build_factory(recipe, runtime) -> Built:
                  info={"data": d.factory, "classes": classes, "params": sum(p.numel() for p in model.parameters())})
 
 
+def _build_stream(recipe, runtime) -> Built:
+    """A prepared image source, streamed (hasten.data.streaming)."""
+    d: DataConfig = recipe.data
+    if d.loader != "dataloader":
+        raise ConfigError("data.stream reads images in DataLoader workers: use data.loader=dataloader (the device "
+                          "loader holds a whole data set on the device)")
+    if d.path:
+        raise ConfigError("give data.stream or data.path, not both")
+    _refuse_device_only(d, imagefolder=d.dataset == "imagefolder")
+    manifest = open_source(d.stream, "images", "data.stream", d)
+    train_split, eval_split = splits(d.stream, manifest, d, ("train", "eval"))
+    classes = len(manifest.get("classes") or []) or None
+    if classes is None:
+        raise DataError(f"{d.stream}: the prepared source lists no classes; prepare it again")
+    seed = runtime.seed
+    if d.dataset == "imagefolder":
+        train_set, eval_set = StreamImages(train_split, pil=True), StreamImages(eval_split, pil=True)
+        train_tf, eval_tf, size = RandomResizedCrop(d.image_size, flip=d.flip), ResizeCenterCrop(d.eval_resize,
+                                                                                                   d.image_size), d.image_size
+    else:
+        train_set, eval_set = StreamImages(train_split), StreamImages(eval_split)
+        train_tf = RandomCropFlip(MEAN, STD, pad=d.pad, flip=d.flip, mode=d.pad_mode)
+        eval_tf, size = Normalize(MEAN, STD), (manifest.get("image_shape") or [32])[0]
+    model = _model(recipe.model, classes, size)
+    train = make_dataloader(train_set, d.batch_size, shuffle=True, seed=seed, transform=train_tf,
+                            num_workers=d.num_workers, drop_last=d.drop_last, blocks=train_split.blocks)
+    test = make_dataloader(eval_set, d.eval_batch_size, shuffle=False, seed=seed, transform=eval_tf,
+                           num_workers=d.num_workers)
+    flops = training_flops_per_sample(model, torch.zeros(1, 3, size, size))
+    return Built(model=model, train_dataloader=train, eval_dataloader=test, metrics={"acc": _accuracy(classes)},
+                 flops_per_sample=flops,
+                 info={"train_images": len(train_set), "eval_images": len(eval_set), "source": d.stream,
+                       "params": sum(p.numel() for p in model.parameters())})
+
+
 def build(recipe, runtime) -> Built:
     d: DataConfig = recipe.data
     if d.factory:
         return _build_factory(recipe, runtime)
+    if d.stream:
+        return _build_stream(recipe, runtime)
     if d.dataset == "imagefolder":
         return _build_imagefolder(recipe, runtime)
     data = load_cifar10(d.path)

@@ -8,14 +8,21 @@ The tokenizer is the corpus's byte-level BPE with [MASK], [CLS] and [PAD] among 
 tokens (the same one text_classification uses to fine-tune, found in the same cache). The
 model: hasten's BERT (`model: {name: bert, ...}`) or any `transformers` masked LM
 (`model: {name: hf/bert, hidden_size: 256, ...}`).
+
+`source` may also name a prepared source (`hasten data prepare`; a local folder or an
+object-store URL): its windows are streamed and masked per window, from the sample's own seed.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from typing import Literal, Optional
 
+from torch.utils.data import Subset
+
 from ..data.corpus import EOD, tokenized_corpus
+from ..data.loaders import make_dataloader
 from ..data.masking import MaskedEvalWindows, MaskedWindows
+from ..data.streaming import MaskPairs, StreamOptions, StreamTokens, is_stream, load_tokenizer, open_source, splits
 from ..errors import ConfigError, DataError
 from ..metrics import masked_accuracy
 from ..models.bert import BERT, BertConfig
@@ -27,7 +34,7 @@ SPECIALS = (EOD, "[MASK]", "[CLS]", "[PAD]")   # a BERT tokenizer's special toke
 
 
 @dataclass
-class DataConfig:
+class DataConfig(StreamOptions):
     source: str = "prose"
     """The corpus: prose, a .txt, a folder or archive of .txt, a .jsonl(.gz), or URL#sha256=HEX."""
     text_field: str = "text"
@@ -48,6 +55,8 @@ class DataConfig:
     """Windows per evaluation batch."""
     eval_tokens: Optional[int] = setting(None, ge=1)
     """Evaluate on the first N validation tokens (default: all)."""
+    num_workers: Optional[int] = setting(None, ge=0)
+    """A prepared source: DataLoader worker processes (default cores - 1); other sources are windows in memory."""
     mask_rate: float = setting(0.15, gt=0, lt=1)
     """The share of tokens chosen for prediction (BERT: 0.15)."""
     mask_share: float = setting(0.8, ge=0, le=1)
@@ -74,11 +83,18 @@ def build(recipe, runtime) -> Built:
     d: DataConfig = recipe.data
     if d.mask_share + d.random_share > 1.0:
         raise ConfigError(f"data.mask_share + data.random_share = {d.mask_share + d.random_share} exceeds 1")
-    c = tokenized_corpus(d.source, d.text_field, d.val_every, d.vocab_size, d.tokenizer_file, SPECIALS)
-    tok = c.tokenizer
+    streamed = is_stream(d.source)
+    if streamed:
+        manifest = open_source(d.source, "tokens", "data.source", d)
+        tok = load_tokenizer(d.source, manifest)
+    else:
+        c = tokenized_corpus(d.source, d.text_field, d.val_every, d.vocab_size, d.tokenizer_file, SPECIALS)
+        tok = c.tokenizer
     specials = tuple(tok.token_id(t) for t in SPECIALS)
     mask = dict(rate=d.mask_rate, mask_id=tok.token_id("[MASK]"), vocab_size=tok.vocab_size,
                 mask_share=d.mask_share, random_share=d.random_share, special_ids=specials)
+    if streamed:
+        return _build_stream(recipe, runtime, manifest, tok, mask)
     val, val_seg = c.val_tokens, c.val_segments
     if d.eval_tokens:
         val, val_seg = val[:d.eval_tokens], val_seg[:d.eval_tokens]
@@ -86,18 +102,7 @@ def build(recipe, runtime) -> Built:
         if n <= d.block_size:
             raise DataError(f"{d.source}: the {split} split has {n} tokens, too few for windows of {d.block_size} "
                             "(data.block_size)")
-    m = recipe.model
-    if isinstance(m, NamedModel):   # a transformers masked LM or a user's module
-        model = build_named("masked_lm", m, {"vocab_size": tok.vocab_size},
-                            {"vocab_size": tok.vocab_size, "block_size": d.block_size})
-    else:
-        try:
-            cfg = BertConfig(**{k: v for k, v in vars(replace(m, vocab_size=tok.vocab_size,
-                                                               block_size=max(m.block_size, d.block_size))).items()
-                                if k != "name"})
-        except ValueError as e:
-            raise ConfigError(f"model: {e}") from e
-        model = BERT(cfg)
+    model = _model(recipe.model, tok, d.block_size)
     train_seg, eval_seg = (c.train_segments, val_seg) if d.document_mask else (None, None)
     eval_mask = {**mask, "rate": d.eval_mask_rate or d.mask_rate}
     return Built(
@@ -108,6 +113,41 @@ def build(recipe, runtime) -> Built:
         metrics={"acc": masked_accuracy()},
         info={"params": sum(p.numel() for p in model.parameters()), "vocab_size": tok.vocab_size,
               "train_tokens": len(c.train_tokens), "val_tokens": len(val), "documents": c.documents, "tokenizer": tok})
+
+
+def _model(m, tok, block_size: int):
+    if isinstance(m, NamedModel):   # a transformers masked LM or a user's module
+        return build_named("masked_lm", m, {"vocab_size": tok.vocab_size},
+                           {"vocab_size": tok.vocab_size, "block_size": block_size})
+    try:
+        cfg = BertConfig(**{k: v for k, v in vars(replace(m, vocab_size=tok.vocab_size,
+                                                           block_size=max(m.block_size, block_size))).items()
+                            if k != "name"})
+    except ValueError as e:
+        raise ConfigError(f"model: {e}") from e
+    return BERT(cfg)
+
+
+def _build_stream(recipe, runtime, manifest: dict, tok, mask: dict) -> Built:
+    """A prepared token source, streamed: windows masked per sample (hasten.data.streaming.MaskPairs)."""
+    d: DataConfig = recipe.data
+    train_split, eval_split = splits(d.source, manifest, d, ("train", "eval"))
+    train_set = StreamTokens(train_split, d.block_size, segments=d.document_mask)
+    eval_set = StreamTokens(eval_split, d.block_size, segments=d.document_mask)
+    if d.eval_tokens:
+        eval_set = Subset(eval_set, range(min(len(eval_set), max(1, d.eval_tokens // d.block_size))))
+    model = _model(recipe.model, tok, d.block_size)
+    seed = runtime.seed
+    eval_mask = {**mask, "rate": d.eval_mask_rate or d.mask_rate}
+    return Built(
+        model=model,
+        train_dataloader=make_dataloader(train_set, d.batch_size, shuffle=True, seed=seed, transform=MaskPairs(mask),
+                                         num_workers=d.num_workers, blocks=train_split.blocks),
+        eval_dataloader=make_dataloader(eval_set, d.eval_batch_size, shuffle=False, seed=seed + 1,
+                                        transform=MaskPairs(eval_mask), num_workers=d.num_workers),
+        metrics={"acc": masked_accuracy()},
+        info={"params": sum(p.numel() for p in model.parameters()), "vocab_size": tok.vocab_size,
+              "train_windows": len(train_set), "eval_windows": len(eval_set), "source": d.source, "tokenizer": tok})
 
 
 SPEC = register_task(TaskSpec(

@@ -200,6 +200,12 @@ def cache_path(recipe_arg: str, overrides: list[str], recipe: Recipe, min_gain: 
     return data_root() / "tune" / f"{recipe.name}-{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
 
 
+def data_wait(trial: "Trial") -> "float | None":
+    """The median share of a trial's training time spent waiting for batches (None: not measured)."""
+    shares = [r["data_wait"] for r in trial.results if r.get("status") == "ok" and r.get("data_wait") is not None]
+    return statistics.median(shares) if shares else None
+
+
 CACHE_KEYS = {"date": str, "recipe": str, "machine": dict, "table": list, "overrides": list, "tuned_overrides": list}
 
 

@@ -45,12 +45,15 @@ def render(result: dict) -> str:
              + (f", {m['gpu']}" if m.get("gpu") else "") + f", torch {m['torch']}; measured {result['date']}, "
              f"{result['spent_s'] / 60:.1f} of {result['budget_s'] / 60:.0f} minutes."
              + (f" Code: {describe(result['code'])}." if result.get("code") else ""), "",
-             "| stage | option | samples/s [95% interval] | first-step extra s | chosen | miss |",
-             "|---|---|---|---|---|---|"]
+             "| stage | option | samples/s [95% interval] | waiting for data | first-step extra s | chosen | miss |",
+             "|---|---|---|---|---|---|---|"]
     for r in result["table"]:
         extra = f"{r['first_step_extra_s']:.1f}" if r.get("first_step_extra_s") is not None else "-"
-        lines.append(f"| {r['stage']} | {r['option']} | {_fmt_tp(r['throughput'])} | {extra} | "
+        wait = f"{100 * r['data_wait']:.0f}%" if r.get("data_wait") is not None else "-"
+        lines.append(f"| {r['stage']} | {r['option']} | {_fmt_tp(r['throughput'])} | {wait} | {extra} | "
                      f"{'**yes**' if r.get('chosen') else ''} | {r.get('miss') or ''} |")
+    lines += ["", "Waiting for data: the share of a trial's training time its steps spent getting their batch (the "
+              "loader is the bottleneck when it is large)."]
     if result["skipped"]:
         lines += [""] + [f"- {s['stage']}: not searched: {s['why']}" for s in result["skipped"]]
     if result.get("shortened"):

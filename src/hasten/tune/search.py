@@ -81,8 +81,8 @@ from ..files import atomic_write
 from ..processes import spawn, stop
 from ..provenance import code_version
 from ..registry import TASKS
-from .plan import (BATCH_STATS, GUARDED, KEYS, Option, Trial, _default, cache_path, first_step_extra, machine_key,
-                   read_cache, round_medians, stages, throughput)
+from .plan import (BATCH_STATS, GUARDED, KEYS, Option, Trial, _default, cache_path, data_wait, first_step_extra,
+                   machine_key, read_cache, round_medians, stages, throughput)
 from .report import REPORT_FILES, report_outputs, write
 
 
@@ -239,7 +239,8 @@ class Tuner:
                     ok = any(r.get("status") == "ok" for r in tr.results)
                     rows.append({"stage": name, "option": tr.option.label, "overrides": tr.option.overrides,
                                  "throughput": tp, "first_step_extra_s": first_step_extra(tr) if ok else None,
-                                 "round_step_s": round_medians(tr), "miss": tr.failure})
+                                 "round_step_s": round_medians(tr), "miss": tr.failure,
+                                 "data_wait": data_wait(tr)})
                 winner = self._choose(trials, rows, self.run_steps(trials))
                 for row in rows:
                     row["chosen"] = row["option"] == winner.option.label

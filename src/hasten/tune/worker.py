@@ -73,7 +73,7 @@ def main(spec_path: str, out_path: str) -> int:
                       precision=run.trainer.state.precision, threads=torch.get_num_threads(),
                       batch=recipe.data.batch_size, microbatch=run.trainer.state.microbatch,
                       steps_per_epoch=run.trainer.state.steps_per_epoch,
-                      batch_norm=has_batch_norm(run.trainer.state.model),
+                      batch_norm=has_batch_norm(run.trainer.state.model), data_wait=run.trainer.state.data_wait,
                       tokens_per_step=(ts.token / ts.batch) if (ts := run.trainer.state.timestamp).batch else None)
         if profile is not None and profile.result is not None:
             r = profile.result

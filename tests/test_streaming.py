@@ -1,0 +1,279 @@
+"""Data beyond one machine: prepared sources streamed from a folder or an S3-compatible object
+store (moto's server on the loopback address), shard-local order, exact mid-epoch resume (one
+and two processes, two loader workers), loaders that keep their own state, the share of time a
+step waits for data, and nothing on hasten's path importing torchvision."""
+import gzip
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import yaml
+
+from hasten import Trainer
+from hasten.data.prepare import prepare
+from hasten.data.resumable import shard_local_order
+from hasten.data.streaming import MANIFEST, StreamSplit, read_manifest
+from hasten.errors import ConfigError, DataError
+
+from tiny import image_zip, run_cli
+
+WORDS = "the quick brown fox jumps over a lazy dog while seven wise owls sing of rivers and stone".split()
+TINY_GPT = ["model.n_layer=1", "model.n_head=2", "model.n_embd=16", "data.block_size=16", "data.batch_size=4",
+            "data.eval_batch_size=8", "data.eval_tokens=256", "trainer.eval_interval=8ba", "trainer.precision=fp32",
+            "trainer.tensorboard=false", "--no-progress"]
+
+
+def _corpus(path: Path, docs: int = 40) -> Path:
+    rng = np.random.default_rng(0)
+    with gzip.open(path, "wt") as f:
+        for i in range(docs):
+            f.write(json.dumps({"text": " ".join(rng.choice(WORDS, 90)) + "."}) + "\n")
+    return path
+
+
+@pytest.fixture(scope="module")
+def prepared(tmp_path_factory):
+    """A tiny token source, prepared once: windows of 16 tokens in many small shards."""
+    root = tmp_path_factory.mktemp("stream")
+    before = os.environ.get("HASTEN_DATA")
+    os.environ["HASTEN_DATA"] = str(root / "data")   # the tokenizer's cache: the tests' own
+    try:
+        manifest, wrote = prepare(str(_corpus(root / "c.jsonl.gz")), str(root / "src"), block_size=16, vocab_size=300,
+                                  shard_mb=0.004)
+    finally:
+        if before is None:
+            os.environ.pop("HASTEN_DATA")
+        else:
+            os.environ["HASTEN_DATA"] = before
+    assert wrote and len(manifest["splits"]["train"]["shards"]) > 4
+    return root / "src"
+
+
+def test_shard_local_order_is_a_permutation_drawn_from_seed_and_epoch_alone():
+    blocks = [5, 7, 3, 9, 4, 6]
+    a, b = shard_local_order(blocks, 0, 0), shard_local_order(blocks, 0, 0)
+    assert torch.equal(a, b) and sorted(a.tolist()) == list(range(sum(blocks)))
+    assert not torch.equal(a, shard_local_order(blocks, 0, 1)) and not torch.equal(a, shard_local_order(blocks, 1, 0))
+    starts = np.cumsum([0] + blocks)
+    shard_of = lambda i: int(np.searchsorted(starts, i, side="right") - 1)   # noqa: E731
+    first = {shard_of(i) for i in a[:sum(sorted(blocks)[:4])].tolist()}   # rows every window of 4 shards holds
+    assert len(first) <= 4   # the first rows come from one window of 4 shards: reads stay local
+
+
+def test_prepare_writes_a_manifest_refuses_a_foreign_folder_and_is_idempotent(prepared, tmp_path):
+    m = read_manifest(str(prepared))
+    assert m["kind"] == "tokens" and m["block_size"] == 16 and (prepared / "tokenizer.json").is_file()
+    split = StreamSplit(str(prepared), "train")
+    row = split.row(len(split) - 1)
+    assert len(row["tokens"]) == 17 and len(row["segments"]) == 16
+    again, wrote = prepare(m["settings"]["source"], str(prepared), block_size=16, vocab_size=300, shard_mb=0.004)
+    assert not wrote and again["digest"] == m["digest"]
+    with pytest.raises(ConfigError, match="prepared with other settings .*block_size: 16 -> 32"):
+        prepare(m["settings"]["source"], str(prepared), block_size=32, vocab_size=300, shard_mb=0.004)
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("mine")
+    with pytest.raises(ConfigError, match="not empty and holds no source hasten prepared .*notes.txt"):
+        prepare(m["settings"]["source"], str(tmp_path / "mine"), block_size=16)
+    assert (tmp_path / "mine" / "notes.txt").read_text() == "mine"
+
+
+def _weights(run: Path) -> dict:
+    ckpt = max((run / "checkpoints").glob("ep*-ba*.pt"), key=lambda p: int(p.stem.split("ba")[1]))
+    return torch.load(ckpt, weights_only=True)["model"]
+
+
+def _straight_and_resumed(tmp_path, source: str, extra=(), nproc: int = 0):
+    """A run of 8 steps with a checkpoint at 4; a copy stopped at 4 and resumed to 8."""
+    common = ["train", "prose-gpt-baseline", f"data.source={source}", "trainer.max_duration=8ba",
+              "trainer.save_interval=4ba", "trainer.keep_last=2", *TINY_GPT, *extra]
+    launch = (lambda *a: subprocess.run([sys.executable, "-m", "hasten.cli", *a, "--nproc", str(nproc)],
+                                        capture_output=True, text=True, timeout=300)) if nproc else run_cli
+    r = launch(*common, f"trainer.run_dir={tmp_path / 'straight'}")
+    assert r.returncode == 0, r.stderr[-2000:]
+    shutil.copytree(tmp_path / "straight", tmp_path / "resumed")
+    for p in (tmp_path / "resumed" / "checkpoints").glob("ep*-ba8.pt"):
+        p.unlink()
+    r = launch("train", "--resume", str(tmp_path / "resumed"), "--no-progress")
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "resuming at batch 4" in r.stdout, r.stdout[-500:]
+    return _weights(tmp_path / "straight"), _weights(tmp_path / "resumed")
+
+
+def test_a_streamed_run_resumed_mid_epoch_ends_bitwise_as_the_uninterrupted_one(prepared, tmp_path):
+    straight, resumed = _straight_and_resumed(tmp_path, str(prepared), ["data.num_workers=2"])
+    assert straight.keys() == resumed.keys() and all(torch.equal(straight[k], resumed[k]) for k in straight)
+
+
+def test_two_processes_resume_a_streamed_run_bitwise(prepared, tmp_path):
+    straight, resumed = _straight_and_resumed(tmp_path, str(prepared), ["data.num_workers=2"], nproc=2)
+    assert all(torch.equal(straight[k], resumed[k]) for k in straight)
+
+
+@pytest.fixture(scope="module")
+def s3():
+    """An S3-compatible server (moto) on the loopback address, and its bucket."""
+    import boto3
+    from moto.server import ThreadedMotoServer
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    endpoint = f"http://127.0.0.1:{server._server.server_port}"
+    env = {"AWS_ENDPOINT_URL": endpoint, "AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test",
+           "AWS_DEFAULT_REGION": "us-east-1"}
+    old = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    boto3.client("s3", endpoint_url=endpoint).create_bucket(Bucket="data")
+    yield endpoint
+    server.stop()
+    for k, v in old.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+
+
+def test_a_source_prepared_to_s3_trains_resumes_and_its_cache_stays_bounded(s3, prepared, tmp_path):
+    source = json.loads((prepared / MANIFEST).read_text())["settings"]["source"]
+    m, wrote = prepare(source, "s3://data/prose", block_size=16, vocab_size=300, shard_mb=0.004)
+    assert wrote and m["digest"] == read_manifest(str(prepared))["digest"]   # the same bytes, wherever they are
+    cache = tmp_path / "cache"
+    straight, resumed = _straight_and_resumed(tmp_path, "s3://data/prose", [f"data.stream_cache={cache}",
+                                                                             "data.stream_cache_limit=40KB"])
+    assert all(torch.equal(straight[k], resumed[k]) for k in straight)
+    shards = [p for p in cache.rglob("*.parquet")]
+    assert shards and sum(p.stat().st_size for p in shards) <= 40 * 1024
+    (tmp_path / "local").mkdir()
+    local = _straight_and_resumed(tmp_path / "local", str(prepared))[0]
+    assert all(torch.equal(local[k], straight[k]) for k in local)   # streamed from S3 = read locally
+
+
+def test_a_shard_changed_in_the_store_is_refused(s3, prepared, tmp_path):
+    import boto3
+    source = json.loads((prepared / MANIFEST).read_text())["settings"]["source"]
+    prepare(source, "s3://data/tampered", block_size=16, vocab_size=300, shard_mb=0.004)
+    m = read_manifest("s3://data/tampered")
+    name = m["splits"]["train"]["shards"][0]["name"]
+    boto3.client("s3", endpoint_url=s3).put_object(Bucket="data", Key=f"tampered/{name}", Body=b"not parquet")
+    split = StreamSplit("s3://data/tampered", "train", cache_dir=str(tmp_path / "c"))
+    with pytest.raises(DataError, match="SHA-256 .*the shard changed since it was prepared"):
+        split.row(0)
+
+
+def test_images_are_prepared_raw_and_stream_with_the_hosts_augmentation(tmp_path):
+    z = image_zip(tmp_path / "img.zip", train=40, test=20)
+    m, _ = prepare(str(z), str(tmp_path / "imgs"), shard_mb=0.01)
+    assert m["kind"] == "images" and m["image_shape"] == [32, 32, 3] and len(m["classes"]) == 10
+    r = run_cli("train", "cifar10-baseline", f"data.stream={tmp_path / 'imgs'}", "data.batch_size=8",
+                "data.eval_batch_size=20", "data.num_workers=0", "trainer.max_duration=3ba", "trainer.eval_interval=3ba",
+                f"trainer.run_dir={tmp_path / 'run'}", "--no-progress")
+    assert r.returncode == 0, r.stderr[-1500:]
+    assert "val/acc=" in r.stdout
+
+
+# ---------------------------------------------------------------------------- loaders that keep state
+class Numbers(torch.utils.data.Dataset):
+    fetched = []   # the samples read in this process (loaders without workers)
+
+    def __len__(self):
+        return 64
+
+    def __getitem__(self, i):
+        Numbers.fetched.append(i)
+        g = torch.Generator().manual_seed(i)
+        return torch.randn(8, generator=g), i % 4
+
+
+def _stateful_run(save, duration: str, resume: bool = False, workers: int = 2):
+    from torchdata.stateful_dataloader import StatefulDataLoader
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+    loader = StatefulDataLoader(Numbers(), batch_size=8, shuffle=True, num_workers=workers)
+    tr = Trainer(model, loader, max_duration=duration, save_folder=str(save), save_interval="6ba", autoresume=resume,
+                 optimizers=lambda m: torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9))
+    tr.fit(summary=False)
+    return tr
+
+
+def test_a_loader_that_keeps_state_is_saved_and_restored_exactly(tmp_path):
+    straight = _stateful_run(tmp_path / "a", "11ba")
+    _stateful_run(tmp_path / "b", "11ba")
+    for p in (tmp_path / "b").glob("ep*"):
+        if p.name not in ("ep0-ba6.pt",):
+            p.unlink()
+    payload = torch.load(tmp_path / "b" / "ep0-ba6.pt", weights_only=True)
+    assert payload["loaders"]["train"] and payload["loaders"]["train"][0]   # one rank's state, saved as plain data
+    resumed = _stateful_run(tmp_path / "b", "11ba", resume=True)
+    for a, b in zip(straight.state.model.parameters(), resumed.state.model.parameters()):
+        assert torch.equal(a, b)
+    # restored, not replayed: without workers, the resumed run reads only the batches after the checkpoint
+    _stateful_run(tmp_path / "c", "6ba", workers=0)
+    Numbers.fetched.clear()
+    _stateful_run(tmp_path / "c", "8ba", resume=True, workers=0)
+    assert len(Numbers.fetched) == 2 * 8
+
+
+def test_a_loader_without_state_says_what_a_resume_will_do(tmp_path):
+    from torch.utils.data import DataLoader
+    def run(resume):
+        torch.manual_seed(0)
+        model = torch.nn.Linear(8, 4)
+        return Trainer(model, DataLoader(Numbers(), batch_size=8, shuffle=True), max_duration="6ba",
+                       save_folder=str(tmp_path), save_interval="3ba", autoresume=resume)
+    run(False).fit(summary=False)
+    for p in tmp_path.glob("ep0-ba6.pt"):
+        p.unlink()
+    with pytest.warns(UserWarning, match="keeps no state and has no resumable sampler: those batches are loaded and "
+                                         "dropped"):
+        run(True).fit(summary=False)
+
+
+# ---------------------------------------------------------------------------- the data-wait share
+def test_the_share_of_time_waiting_for_data_is_reported(tmp_path):
+    import time as _time
+
+    from hasten.loggers import LoggerDestination
+
+    class Slow(torch.utils.data.Dataset):
+        def __len__(self):
+            return 32
+
+        def __getitem__(self, i):
+            _time.sleep(0.01)
+            return torch.randn(8), i % 4
+
+    class Keep(LoggerDestination):
+        rows = []
+
+        def log_metrics(self, metrics, step):
+            self.rows.append(metrics)
+
+    tr = Trainer(torch.nn.Linear(8, 4), torch.utils.data.DataLoader(Slow(), batch_size=8), max_duration="8ba",
+                 log_interval="2ba", loggers=[Keep()])
+    tr.fit(summary=False)
+    assert tr.state.data_wait > 0.5   # the loader sleeps; the model is tiny: the loader is the bottleneck
+    waits = [r["time/data_wait"] for r in Keep.rows if "time/data_wait" in r]
+    assert waits and all(0.5 < w <= 1.0 for w in waits)
+    from hasten.trainer import fit_summary
+    assert "waiting for data" in fit_summary(tr.state, 1.0)
+
+
+def test_nothing_on_hastens_path_imports_torchvision(prepared, tmp_path):
+    z = image_zip(tmp_path / "img.zip", train=20, test=10)
+    code = textwrap.dedent(f"""
+        import sys
+        from hasten.cli import main
+        from hasten.data.prepare import prepare
+        prepare({str(z)!r}, {str(tmp_path / 'imgs')!r}, shard_mb=0.01)
+        rc = main(["train", "cifar10-baseline", "data.stream={tmp_path / 'imgs'}", "data.batch_size=8",
+                   "data.num_workers=0", "trainer.max_duration=1ba", "trainer.eval_interval=1ba",
+                   "trainer.run_dir={tmp_path / 'r'}", "--no-progress"])
+        print(rc, "torchvision" in sys.modules)
+    """)
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=180)
+    assert r.stdout.split()[-2:] == ["0", "False"], r.stdout[-300:] + r.stderr[-1000:]
