@@ -283,3 +283,29 @@ def test_a_host_loop_marks_its_state_so_patch_whitening_keeps_the_graph():
     loop = HostLoop([ChannelsLast()], "Lightning")
     loop.setup(SpeedrunNet(widths=(8, 8, 8)))
     assert loop.state.host == "Lightning" and PatchWhitening.keeps_graph(loop.state)
+
+
+def test_lightning_judges_the_average_on_the_hosts_validation_and_keeps_the_better_weights():
+    """With validation running, EMA's average is compared with the trained weights by the
+    module's loss_fn on the host's validation data at the last validation: an average far
+    behind (decay 0.999 over 16 steps: mostly the initial weights) is not kept, and no warning
+    says it went in untested."""
+    import warnings
+
+    class Validated(Module):
+        def validation_step(self, batch, i):
+            self.log("val_loss", self.loss_fn(self(batch[0]), batch[1]))
+
+    x, y = _data()
+    m = Validated(_mlp())
+    cb = HastenCallback([EMA(decay=0.999)])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        L.Trainer(max_epochs=2, accelerator="cpu", logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                  enable_model_summary=False, callbacks=[cb], num_sanity_val_steps=0).fit(m, _loader(x, y),
+                                                                                            _loader(x, y))
+    said = [str(w.message) for w in caught]
+    assert not any("untested" in s for s in said), said
+    assert any("the average evaluated worse than the trained weights" in s for s in said), said
+    trained_loss = F.cross_entropy(m(x), y).item()
+    assert trained_loss == pytest.approx(cb.host.state.eval_metrics["val/loss"], rel=1e-5)

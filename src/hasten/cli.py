@@ -372,7 +372,7 @@ def _tune(args) -> int:
     if not 0 <= min_gain < 1:
         raise ConfigError(f"--min-gain {args.min_gain}: give a fraction or a percentage, e.g. 0.05 or 5%")
     result = tune(args.recipe, args.overrides, budget_s=float(budget.value), out=args.out, fresh=args.fresh,
-                  console=console, min_gain=min_gain)
+                  console=console, min_gain=min_gain, methods=args.methods)
     out = Path(args.out) if args.out else Path("tune-results") / result["recipe"]
     print(render_tune(result))
     console.print(f"tuned recipe: {out / 'tuned.yaml'} (hasten train {out / 'tuned.yaml'}); report: {out / 'tune.md'}")
@@ -532,6 +532,9 @@ def make_parser() -> argparse.ArgumentParser:
     u.add_argument("--fresh", action="store_true", help="measure again instead of printing the cached result")
     u.add_argument("--min-gain", default="5%", metavar="G", help="the least projected gain in the whole run's time "
                    "an option must show to be handed over, e.g. 5%% or 0.05 (default 5%%)")
+    u.add_argument("--methods", action="store_true", help="after the systems settings, measure hasten's methods that "
+                   "fit the model as time to the recipe's quality (30%% of --budget for the systems, the rest for the "
+                   "methods; an hour or more verifies winners over three seeds)")
     u.add_argument("--lr", action="store_true", help="a learning-rate range test instead of the systems search")
     u.add_argument("--lr-steps", type=int, default=200, help="--lr: steps of the sweep (default 200)")
     _trust_flag(u)

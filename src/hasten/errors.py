@@ -33,6 +33,10 @@ class RunFolderError(HastenError, RuntimeError):
     """A run or checkpoint folder that cannot be used: in use, not writable, or another run's."""
 
 
+class BusyMachineError(HastenError, RuntimeError):
+    """A measurement refused because other processes held the cores while it ran."""
+
+
 class TrainingError(HastenError, RuntimeError):
     """A fault found while training that the user's code or data caused (e.g. a loss
     function that cannot take the model's outputs)."""

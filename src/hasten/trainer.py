@@ -30,6 +30,7 @@ from .distributed.world import all_sum
 from .errors import CheckpointError, TrainingError
 from .loss import IGNORE_INDEX, checked_loss, default_loss, logits_of
 from .microbatch import ActivationBudget, StepSnapshot, average_gradients, halved, micro_count, parse_bytes
+from .models import has_batch_norm
 from .optim.compiled import compile_steps, hold_lrs
 from .runtime import Runtime
 
@@ -519,6 +520,7 @@ class Trainer:
         back), so the run equals one that used the final size from the start. Under data
         parallelism the ranks agree whether any ran out, then retry or average together."""
         state, world = self.state, self.world
+        self._warned_batch_stats = False
 
         def redo(state_):
             n = batch_size(state.batch)
@@ -548,6 +550,12 @@ class Trainer:
                 self.logger.log({"trainer/microbatch": state.microbatch})
                 print(f"hasten: batch {state.timestamp.batch + 1} ran out of memory; micro-batches of "
                       f"{state.microbatch} from now on", file=sys.stderr, flush=True)
+                if not self._warned_batch_stats and has_batch_norm(state.model):
+                    self._warned_batch_stats = True
+                    warnings.warn(f"microbatch=auto: batch norm now normalises over {state.microbatch} samples, not the "
+                                  f"batch of {n}: the run's arithmetic changed with the micro-batch (its loss will "
+                                  "differ from a run at the whole batch); give a fixed trainer.microbatch, or a "
+                                  "smaller batch, to decide it yourself")
         return redo
 
     def _loss_weight(self, micros) -> "torch.Tensor | None":

@@ -107,6 +107,8 @@ class WeightAverage(Algorithm):
             return
         metric, direction = state.quality
         avg, own = state.eval_metrics.get(metric), trained.get(metric)
+        if avg is None and own is not None:   # a host's validation logs its own names: score the average the same way
+            avg = state.evaluate().get(metric)
         keep = own is None or avg is None or (avg >= own if direction == "max" else avg <= own)
         name = self.registry_name
         if keep:

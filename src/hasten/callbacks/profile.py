@@ -34,6 +34,7 @@ import torch
 
 from ..core import Callback, Event
 from ..files import atomic_write
+from ..hardware import cpu_has_bf16
 
 PHASES = ("data", "forward", "backward", "optimizer", "evaluation", "checkpointing", "hasten events", "other")
 
@@ -165,6 +166,7 @@ class Profile(Callback):
                                "share_of_self_cpu": e.self_cpu_time_total / max(1e-9, sum(
                                    x.self_cpu_time_total for x in self._prof.key_averages()))} for e in ops],
             "device": str(state.device), "precision": state.precision}
+        self.result["advice"] = advice(self.result, state.model)
         if self.folder is not None:
             self.folder.mkdir(parents=True, exist_ok=True)
             self._prof.export_chrome_trace(str(self.folder / "trace.json"))
@@ -184,9 +186,34 @@ def render(result: dict) -> str:
     lines += ["", "| operator | calls | self CPU s | share |", "|---|---|---|---|"]
     for op in result["top_operators"]:
         lines.append(f"| {op['name']} | {op['calls']} | {op['self_cpu_s']:.4f} | {100 * op['share_of_self_cpu']:.1f}% |")
+    if result.get("advice"):
+        lines += ["", "What the numbers point to:"] + [f"- {a}" for a in result["advice"]]
     if result.get("trace"):
         lines += ["", f"trace: {result['trace']} (open it in https://ui.perfetto.dev)"]
     return "\n".join(lines) + "\n"
+
+
+def advice(result: dict, model) -> list[str]:
+    """The one or two changes the profile's numbers point to (none when nothing stands out)."""
+    out = []
+    shares, ops = result["shares"], {o["name"]: o["share_of_self_cpu"] for o in result["top_operators"]}
+    convs = [m for m in model.modules() if isinstance(m, torch.nn.Conv2d)]
+    copies = sum(v for k, v in ops.items() if k in ("aten::copy_", "aten::contiguous", "aten::clone", "aten::to"))
+    nchw = convs and not convs[0].weight.is_contiguous(memory_format=torch.channels_last)
+    if nchw and copies > 0.10:
+        out.append(f"layout copies take {100 * copies:.0f}% of the operators' time in a conv net laid out NCHW: "
+                   "channels-last (algorithms.channels_last, or hasten tune) avoids most of them")
+    if shares.get("data", 0.0) > 0.2:
+        out.append(f"the step waits for data {100 * shares['data']:.0f}% of the time: more loader workers "
+                   "(data.num_workers), the device loader (data.loader=device) or a faster source")
+    if shares.get("optimizer", 0.0) > 0.2:
+        out.append(f"the optimizer step takes {100 * shares['optimizer']:.0f}%: a compiled optimizer step "
+                   "(trainer.compile_optimizer) or a foreach/fused optimizer")
+    dense = sum(v for k, v in ops.items() if any(s in k for s in ("conv", "mm", "linear", "matmul", "addmm")))
+    if result["precision"] == "fp32" and result["device"] == "cpu" and cpu_has_bf16() and dense > 0.4:
+        out.append(f"convolutions and matrix products take {100 * dense:.0f}% in fp32 on a CPU with bf16 hardware: "
+                   "trainer.precision=auto (bf16-mixed here)")
+    return out[:2]
 
 
 for _event in Event:   # every event fires while a Profile is there, so each can be timed

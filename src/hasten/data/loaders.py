@@ -24,12 +24,14 @@ def default_workers() -> int:
 def make_dataloader(dataset: Dataset, batch_size: int, shuffle: bool = True, seed: int = 0,
                     transform=None, num_workers: int | None = None, drop_last: bool = False,
                     device: "str | torch.device | None" = None, prefetch_factor: int | None = None,
-                    blocks: "list[int] | None" = None) -> DataLoader:
+                    blocks: "list[int] | None" = None, seed_samples: bool = False) -> DataLoader:
     """A DataLoader over `dataset` with a resumable order and seeded per-sample transforms.
     `batch_size` is the global batch: under data parallelism the Trainer makes each rank's
     workers load only that rank's share of every batch. `blocks`: the sizes of the shards the
-    samples lie in, in order (a streamed source): the order is then shard-local."""
-    ds = TransformDataset(dataset, transform, seed=seed)
+    samples lie in, in order (a streamed source): the order is then shard-local. `seed_samples`:
+    a user's dataset drawing from the global generators in __getitem__ gets them seeded per
+    sample from (seed, epoch, index) (TransformDataset), so its augmentation resumes exactly."""
+    ds = TransformDataset(dataset, transform, seed=seed, seed_samples=seed_samples)
     workers = default_workers() if num_workers is None else num_workers
     pin = torch.device(device).type == "cuda" if device is not None else torch.cuda.is_available()
     kwargs = {}

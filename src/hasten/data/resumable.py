@@ -15,6 +15,7 @@ the batches the uninterrupted run saw.
 from __future__ import annotations
 
 import itertools
+import random
 import warnings
 from typing import Callable, Iterator
 
@@ -155,17 +156,25 @@ class TransformDataset(Dataset):
     (seed, epoch, i). Indexed by int (epoch 0) or by the (epoch, i) keys of a keyed sampler.
     With `with_indices`, items are `(x, y, i)`: batches then carry their sample indices."""
 
-    def __init__(self, base, transform: Callable | None, seed: int = 0, with_indices: bool = False):
+    def __init__(self, base, transform: Callable | None, seed: int = 0, with_indices: bool = False,
+                 seed_samples: bool = False):
         self.base, self.transform, self.seed, self.with_indices = base, transform, seed, with_indices
+        # a user's dataset that draws from the global generators (torch.rand, numpy.random, random)
+        # in __getitem__: each sample draws from generators seeded by (seed, epoch, index), so its
+        # augmentation is the same on any worker, in any order, and after a resume
+        self.seed_samples = seed_samples
 
     def __len__(self) -> int:
         return len(self.base)
+
+    def _seeded(self, epoch: int, i: int):
+        return _seeded_item(self.base, self.seed, epoch, i)
 
     def __getitem__(self, key):
         if isinstance(key, EmptyShare):
             return EmptyShare(self[key.key])
         epoch, i = key if isinstance(key, tuple) else (0, key)
-        x, y = self.base[i]
+        x, y = self._seeded(epoch, i) if self.seed_samples else self.base[i]
         if self.transform is not None:
             g = torch.Generator().manual_seed(derive_seed(self.seed, epoch, i))
             if getattr(self.transform, "pairs", False):   # a transform of inputs and targets together
@@ -173,6 +182,22 @@ class TransformDataset(Dataset):
             else:
                 x = self.transform(x, g)
         return (x, y, i) if self.with_indices else (x, y)
+
+
+def _seeded_item(base, seed: int, epoch: int, i: int):
+    """`base[i]` with torch's, numpy's and Python's global generators seeded by (seed, epoch, i),
+    and put back afterwards (the caller's streams go on as if nothing had drawn)."""
+    s = derive_seed(seed, epoch, i)
+    py, np_state = random.getstate(), np.random.get_state()
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(s)
+        random.seed(s)
+        np.random.seed(s % 2**32)
+        try:
+            return base[i]
+        finally:
+            random.setstate(py)
+            np.random.set_state(np_state)
 
 
 def resumable_sampler(loader) -> "tuple[ResumableSampler, int] | None":

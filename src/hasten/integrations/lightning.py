@@ -16,8 +16,10 @@ Where each method acts in Lightning's loop (hasten.integrations.host has the ful
   sequence-length warm-ups) in `on_train_batch_start`, in place: the batch must be a list or
   a dict (what the default collate gives for datasets of pairs and dicts), not a tuple;
 - clipping before each optimizer step; EMA, SWA, Lookahead, layer freezing and gradual
-  pruning after it; EMA and SWA evaluate their average in `on_validation_*` and put it in
-  place at the end of fit (untested there: Lightning gives a callback no evaluation to call);
+  pruning after it; EMA and SWA evaluate their average in `on_validation_*`; at the last
+  validation the average and the trained weights are both scored by the module's `loss_fn` on
+  the host's validation data, and the better stays (without a `loss_fn`, the average is put in
+  place untested, and a warning says so);
 - methods that act through the loss (label smoothing, MixUp and CutMix's mixed targets) need
   the one documented line in the LightningModule: a `loss_fn` attribute (e.g.
   `self.loss_fn = F.cross_entropy` in `__init__`) used for the training loss
@@ -31,6 +33,8 @@ TTA, patch whitening and chunked cross-entropy.
 from __future__ import annotations
 
 from typing import Sequence
+
+import torch
 
 try:
     import lightning.pytorch as pl
@@ -95,6 +99,31 @@ class HastenCallback(pl.Callback):
             if train is not base:
                 pl_module.loss_fn = _SeamLoss(base, train, pl_module)
         self._last_step = trainer.global_step
+        if self._base_loss is not None:
+            # EMA and SWA compare their average with the trained weights at the last validation:
+            # both on the host's validation data, by the module's own loss (hasten.algorithms._averaging)
+            self.host.state.evaluate = lambda: self._validation_loss(trainer, pl_module)
+
+    def _validation_loss(self, trainer, pl_module) -> dict:
+        """{"val/loss": the module's loss over the host's validation data} for the weights in place
+        now; {} when the host has no validation data (Lightning loads it when it first validates)."""
+        loaders = trainer.val_dataloaders
+        if not loaders:
+            return {}
+        loaders = loaders if isinstance(loaders, (list, tuple)) else [loaders]
+        was_training, total, count = pl_module.training, 0.0, 0
+        pl_module.eval()
+        try:
+            with torch.no_grad():
+                for loader in loaders:
+                    for batch in loader:
+                        x, y = batch[0].to(pl_module.device), batch[1].to(pl_module.device)
+                        loss = self._base_loss(pl_module(x), y)
+                        total += float(loss) * len(y)
+                        count += len(y)
+        finally:
+            pl_module.train(was_training)
+        return {"val/loss": total / count} if count else {}
 
     # ------------------------------------------------------------------ training
     def on_train_epoch_start(self, trainer, pl_module) -> None:

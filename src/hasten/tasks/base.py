@@ -100,7 +100,7 @@ def user_loaders(factory: str, args: dict, batch_size: int, eval_batch_size: int
                 raise ConfigError(f"data.factory: {factory}'s {split} dataset gives {_kind(first)} as an item; each "
                                   "item must be an (inputs, target) pair (or a dict with 'input' and 'target')")
             return make_dataloader(x, size, shuffle=shuffle, seed=seed, num_workers=num_workers,
-                                   drop_last=drop_last and shuffle)
+                                   drop_last=drop_last and shuffle, seed_samples=True)
         if isinstance(x, (Dataset, DataLoader)) or (hasattr(x, "__iter__") and not isinstance(x, (str, bytes, dict))):
             return x
         raise ConfigError(f"data.factory: {factory} returned {_kind(x)} for {split}; give a Dataset or a DataLoader")

@@ -158,6 +158,16 @@ def _build_imagefolder(recipe, runtime) -> Built:
 
 def _build_factory(recipe, runtime) -> Built:
     d: DataConfig = recipe.data
+    if d.loader != "dataloader":
+        raise ConfigError("data.loader=device needs hasten's own dataset (the whole set on the device); with "
+                          "data.factory your loaders are used as given: remove data.loader, or return tensors from "
+                          "a dataset hasten reads (docs/your-model.md)")
+    device_only = [k for k in ("alternate_flip", "cutout", "brightness", "contrast", "channels_last") if getattr(d, k)]
+    if device_only:
+        keys = ", ".join("data." + k for k in device_only)
+        raise ConfigError(f"{keys}: hasten's device loader's, which data.factory does not use; remove "
+                          f"{'it' if len(device_only) == 1 else 'them'}" + (" (channels-last batches and model: "
+                          "algorithms.channels_last={})" if "channels_last" in device_only else ""))
     train, test, given = user_loaders(d.factory, d.factory_args, d.batch_size, d.eval_batch_size, runtime.seed,
                                       d.num_workers, d.drop_last)
     source = getattr(given, "dataset", given)   # a DataLoader's dataset, or the dataset itself

@@ -75,8 +75,13 @@ def throughput(trial: Trial, batch: int) -> dict | None:
     return {"samples_per_s": batch / med, "low": batch / hi, "high": batch / lo, "step_s": med, "steps": len(xs)}
 
 
-def stages(recipe: Recipe) -> list[tuple[str, list[Option], str]]:
-    """The stages to search for this recipe on this machine: (name, options, why skipped or '')."""
+def stages(recipe: Recipe, facts: "dict | None" = None) -> list[tuple[str, list[Option], str]]:
+    """The stages to search for this recipe on this machine: (name, options, why skipped or '').
+    `facts`: what the recipe built, as the trial of the recipe as written reported it
+    (tune.worker.model_facts: 2-D convolutions, batch norm, the loader's kind); the stages follow
+    the model and loaders built, never the task's name. Without them (before that trial) every
+    stage that could apply is listed."""
+    facts = facts or {}
     out = []
     t, d = recipe.trainer, recipe.data
     cuda = torch.cuda.is_available()
@@ -89,11 +94,11 @@ def stages(recipe: Recipe) -> list[tuple[str, list[Option], str]]:
     out.append(("precision", prec, "" if len(prec) > 1 else
                 f"fp32 only: this CPU has no bf16 hardware (bf16 would be emulated, many times slower); "
                 f"the recipe asks {written}"))
-    conv = recipe.task == "image_classification"
+    conv = facts.get("conv2d", True)
     plain = ["algorithms.channels_last=null"] + (["data.channels_last=false"] if getattr(d, "channels_last", False) else [])
     out.append(("channels_last", [Option("channels_last", "contiguous", plain),
                                   Option("channels_last", "channels-last", ["algorithms.channels_last={}"])] if conv else [],
-                "" if conv else "no 2-D convolutions in this task's models"))
+                "" if conv else f"the model built ({facts.get('model', 'the model')}) has no 2-D convolutions"))
     comp = [Option("compile", "eager", ["trainer.compile=false"]),
             Option("compile", "compiled", ["trainer.compile=true"])]
     if cuda:   # CUDA graphs: a step's kernels replayed in one launch, for steps that wait on the host
@@ -104,7 +109,11 @@ def stages(recipe: Recipe) -> list[tuple[str, list[Option], str]]:
                                    Option("optimizer_step", "compiled", ["trainer.compile_optimizer=true"])] if cuda else [],
                 "" if cuda else "a CPU step's time is its kernels', not the host's (compiled optimizer steps: "
                                 "1.05x [0.85, 1.30] on shakespeare-char-fast, docs/trainer.md)"))
-    if hasattr(d, "loader"):
+    if getattr(d, "factory", None):
+        out.append(("loader", [], f"data.factory: your loaders ({facts.get('loader', 'as given')}) are used as given"))
+    elif getattr(d, "stream", None):
+        out.append(("loader", [], "data.stream: a streamed source is read by DataLoader workers"))
+    elif hasattr(d, "loader"):
         workers = _loader_workers()
         out.append(("loader", [Option("loader", "device", ["data.loader=device"]),
                                Option("loader", f"dataloader x{workers}", ["data.loader=dataloader",

@@ -12,6 +12,7 @@ from ..files import atomic_write
 from ..hardware import BF16_CPU_FLAGS, describe_caps
 from ..outputs import Outputs
 from ..provenance import describe
+from .methods import render as methods_lines
 
 REPORT_FILES = ("tune.json", "tune.md", "tune.png", "tuned.yaml")
 
@@ -68,6 +69,8 @@ def render(result: dict) -> str:
     if result.get("spent_by"):
         lines += ["", "Where the minutes went: " + ", ".join(f"{k} {v / 60:.1f}" for k, v in result["spent_by"].items())
                   + f"; {result['spent_s'] / 60:.1f} in all, of a budget of {result['budget_s'] / 60:.0f}."]
+    if result.get("methods"):
+        lines += methods_lines(result["methods"])
     lines += ["", f"Tuned overrides: `{' '.join(result['tuned_overrides']) or '(none: the recipe as written)'}`", "",
               summary(result)]
     return "\n".join(lines) + "\n"
@@ -94,19 +97,53 @@ def explain_lines(why: dict | None) -> list[str]:
     return lines
 
 
+def speedup(result: dict) -> "tuple[float, float, float] | None":
+    """(ratio of the tuned recipe's median throughput to the recipe as written's, low, high): the
+    interval from the two throughputs' 95% intervals."""
+    t, w = result.get("tuned"), result.get("as_written")
+    if not t or not w:
+        return None
+    return t["samples_per_s"] / w["samples_per_s"], t["low"] / w["high"], t["high"] / w["low"]
+
+
+def noisy(result: dict) -> bool:
+    """Too noisy to state a figure: the speed-up's interval is wider than the gain it would show
+    (or than the least gain asked for), or trials had to be run again because the machine was busy."""
+    s = speedup(result)
+    if s is None:
+        return False
+    ratio, lo, hi = s
+    return hi - lo > max(abs(ratio - 1), result.get("min_gain", 0.05)) or bool(result.get("busy"))
+
+
 def summary(result: dict) -> str:
     if not result.get("speedup"):
         return "The tuned recipe could not be measured against the recipe as written."
+    ratio, lo, hi = speedup(result) or (result["speedup"], None, None)
     gain = result.get("min_gain", 0.0)
+    figure = f"{ratio:.2f}x [{lo:.2f}, {hi:.2f}]" if lo is not None else f"{ratio:.2f}x"
+    busy = (f" (trials were run again while other processes held up to {max(result['busy']):.0%} of the cores)"
+            if result.get("busy") else "")
     if result.get("searched_overrides") and not result["tuned_overrides"]:
+        why = "; ".join(f"against the recipe as written in the {k}: {v}"
+                        for k, v in (result.get("handover") or {}).get("why", {}).items())
+        if noisy(result):
+            return (f"Nothing beat the recipe as written by {gain:.0%} that the measurements could show: the machine "
+                    f"was too noisy to decide (the search's best measured {figure} its throughput){busy}. tuned.yaml "
+                    "is the recipe as written; rerun when the machine is idle, or with a larger --budget for more "
+                    "rounds.")
         return (f"Nothing beat the recipe as written by {gain:.0%} on this machine: tuned.yaml is the recipe as "
-                f"written (the search's best measured {result['speedup']:.2f}x its throughput, "
-                f"{_fmt_tp(result['tuned'])} against {_fmt_tp(result['as_written'])} samples/s).")
+                f"written (the search's best measured {figure} its throughput, {_fmt_tp(result.get('tuned'))} against "
+                f"{_fmt_tp(result.get('as_written'))} samples/s" + (f"; {why}" if why else "") + ").")
     chosen = [v for k, v in result["decisions"].items() if "excluded" not in v]
     if not result["tuned_overrides"]:
         return "No setting was handed over: tuned.yaml is the recipe as written (what was skipped, and why, is above)."
-    return (f"{' + '.join(chosen)}: {result['speedup']:.2f}x the recipe's throughput on this machine "
-            f"({_fmt_tp(result['tuned'])} against {_fmt_tp(result['as_written'])} samples/s).")
+    if noisy(result):
+        return (f"{' + '.join(chosen)}: faster than the recipe as written in every check, but the machine was too "
+                f"noisy to put a figure on it ({figure}){busy}; rerun when it is idle for one.")
+    interval = f", interval [{lo:.2f}, {hi:.2f}]" if lo is not None else ""
+    return (f"{' + '.join(chosen)}: {ratio:.2f}x the recipe's throughput on this machine{interval} "
+            f"({_fmt_tp(result.get('tuned'))} against {_fmt_tp(result.get('as_written'))} samples/s).")
 
 
 def plot(result: dict, path: Path) -> Path | None:

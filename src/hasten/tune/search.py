@@ -74,16 +74,20 @@ from rich.console import Console
 from rich.progress import TextColumn, TimeElapsedColumn
 
 from ..callbacks.progress import work_progress
-from ..config import load_recipe
+from ..config import load_recipe, to_dict
 from ..core import Time
-from ..errors import ConfigError
+from ..errors import BusyMachineError, ConfigError
 from ..files import atomic_write
 from ..processes import spawn, stop
 from ..provenance import code_version
 from ..registry import TASKS
 from .plan import (BATCH_STATS, GUARDED, KEYS, Option, Trial, _default, cache_path, data_wait, first_step_extra,
                    machine_key, read_cache, round_medians, stages, throughput)
+from .methods import method_stage
 from .report import REPORT_FILES, report_outputs, write
+
+BUSY_SHARE = 0.25   # other processes' share of the cores above which a trial is run again
+BUSY_TRIES = 3      # tries of a trial before the search stops: the machine is busy
 
 
 class Tuner:
@@ -107,10 +111,26 @@ class Tuner:
         self.trial_parts: list[tuple[float, float]] = []   # per trial: (start-up s, median step s)
         self.shortened: list[dict] = []   # stages measured in fewer rounds than asked, and why
         self.spent_by: dict[str, float] = {}   # seconds per part of the search: where the budget went
+        self.busy: list[float] = []   # other processes' share of the cores in trials run again for it
+        self.facts: dict | None = None
 
     # ------------------------------------------------------------------ trials
     def run_trial(self, overrides: list[str], label: str, seed: int = 0, max_steps: int | None = None,
                   steps: int | None = None, min_seconds: float | None = None, profile: int | None = None) -> dict:
+        """One trial in its own process; run again (at most BUSY_TRIES times in all) while other
+        processes held more than BUSY_SHARE of the cores during its measured steps: no decision
+        is made from a trial that shared the machine (a BusyMachineError when it stays busy)."""
+        for attempt in range(BUSY_TRIES):
+            result = self._trial_once(overrides, label, seed, max_steps, steps, min_seconds, profile)
+            busy = result.get("others_share")
+            if busy is None or busy <= BUSY_SHARE:
+                return result
+            self.busy.append(busy)
+        raise BusyMachineError(f"hasten tune: the machine was busy: other processes used {busy:.0%} of its cores while "
+                               f"the trial '{label}' ran, {BUSY_TRIES} times; rerun when it is idle (nothing was "
+                               "decided from those trials)")
+
+    def _trial_once(self, overrides, label, seed, max_steps, steps, min_seconds, profile) -> dict:
         with tempfile.TemporaryDirectory(prefix="hasten-tune-") as tmp:
             spec = {"label": label, "recipe": self.recipe_arg, "overrides": self.overrides + overrides, "seed": seed,
                     "run_dir": str(Path(tmp) / "run"), "warmup": self.warmup, "steps": steps or self.steps,
@@ -193,6 +213,8 @@ class Tuner:
                                   f"({(written.failure or 'no step was timed')[:300]}); `hasten train` with the "
                                   "same recipe and overrides shows the whole error")
             base_tp = throughput(written, batch)
+            facts = next((r["facts"] for r in written.results if r.get("facts")), None)
+            plan = stages(self.recipe, facts)   # the stages of the model and loaders built, not of the task's name
             if any(r.get("batch_norm") for r in written.results):   # the worker saw batch-norm layers
                 self.guarded = GUARDED + (BATCH_STATS,)
             # what the search will cost, from the trials of the recipe as written: a stage whose
@@ -201,7 +223,11 @@ class Tuner:
             cost = self.trial_cost()
             needs = {n: len(o) * self.rounds * cost for n, o, why in plan if o and not why}
             final_cost = 2 * self.rounds * cost
+            self.facts = facts
             for name, options, why in plan:
+                options = self._distinct(options, fixed)
+                if len(options) == 1 and not why:
+                    why = "its options are the same recipe here"
                 if not options or why:
                     skipped.append({"stage": name, "why": why or "nothing to choose"})
                     if options:
@@ -260,13 +286,15 @@ class Tuner:
                 final = [written, written]
         tuned_tp, written_tp = throughput(final[0], batch), throughput(final[1], batch) or base_tp
         handed, run_steps = fixed, self.run_steps(final)
-        if fixed and not self._hand_over(final[0], final[1], written, run_steps):
+        handover = self._hand_over(final[0], final[1], written, run_steps) if fixed else {"passed": False, "why": {}}
+        if fixed and not handover["passed"]:
             handed = []   # not clearly faster than the recipe as written: that is what is handed over
             decisions = {k: f"{v} (not handed over: the tuned recipe did not beat the recipe as written by "
                             f"{self.min_gain:.0%})" for k, v in decisions.items()}
         return {"recipe": self.recipe.name, "recipe_arg": self.recipe_arg, "overrides": self.overrides,
                 "machine": machine_key(), "table": table, "decisions": decisions, "skipped": skipped,
                 "guard": guard, "tuned_overrides": handed, "searched_overrides": fixed, "min_gain": self.min_gain,
+                "handover": handover, "facts": self.facts, "busy": self.busy,
                 "run_steps": run_steps, "tuned": tuned_tp, "as_written": written_tp,
                 "speedup": (tuned_tp["samples_per_s"] / written_tp["samples_per_s"]) if tuned_tp and written_tp else None,
                 "budget_s": self.budget_s, "spent_s": time.perf_counter() - self.t0,
@@ -298,22 +326,33 @@ class Tuner:
                 "sp": value / self.recipe.data.batch_size, "tok": value / tokens if tokens else None}.get(unit)
 
     def _beats(self, tr: Trial, tp: dict | None, inc: Trial, inc_tp: dict | None, steps: float | None) -> bool:
-        """Whether option `tr` beats the incumbent `inc` (see the module doc): its interval clears
-        the incumbent's median, it is faster in every round both ran, and the whole run (its
-        steps, plus the one-time cost of the first step) is projected `min_gain` shorter."""
+        return self._verdict(tr, tp, inc, inc_tp, steps) is None
+
+    def _verdict(self, tr: Trial, tp: dict | None, inc: Trial, inc_tp: dict | None, steps: float | None) -> "str | None":
+        """None when option `tr` beats the incumbent `inc` (see the module doc): its interval
+        clears the incumbent's median, it is faster in every round both ran, and the whole run
+        (its steps, plus the one-time cost of the first step) is projected `min_gain` shorter;
+        else which rule it failed, with the numbers."""
         if tp is None:
-            return False
+            return "not measured"
         if inc_tp is None:
-            return True
+            return None
         if tp["low"] <= inc_tp["samples_per_s"]:
-            return False
+            return (f"its interval [{tp['low']:,.1f}, {tp['high']:,.1f}] does not clear the other's median "
+                    f"{inc_tp['samples_per_s']:,.1f} samples/s")
         mine, theirs = round_medians(tr), round_medians(inc)
-        if any(r in theirs and mine[r] >= theirs[r] for r in mine):
-            return False
+        slower = [r for r in mine if r in theirs and mine[r] >= theirs[r]]
+        if slower:
+            r = slower[0]
+            return (f"in round {r + 1} it was not faster ({mine[r]:.3f} s a step against {theirs[r]:.3f} s): the "
+                    "machine's speed moved between rounds")
         n = steps or 1.0
-        run = n * tp["step_s"] + (first_step_extra(tr) if steps else 0.0)
-        run_inc = n * inc_tp["step_s"] + (first_step_extra(inc) if steps else 0.0)
-        return run_inc >= run * (1 + self.min_gain)
+        extra, extra_inc = (first_step_extra(tr), first_step_extra(inc)) if steps else (0.0, 0.0)
+        run, run_inc = n * tp["step_s"] + extra, n * inc_tp["step_s"] + extra_inc
+        if run_inc < run * (1 + self.min_gain):
+            return (f"the whole run of {n:,.0f} steps is projected {run:,.1f} s against {run_inc:,.1f} s "
+                    f"(first step {extra:.1f} s against {extra_inc:.1f} s): less than {self.min_gain:.0%} shorter")
+        return None
 
     def _explain(self, fixed: list[str], table: list[dict], progress, task, reserve: float = 0.0) -> dict:
         """Why each change won: for every stage whose chosen option is not the recipe's own
@@ -351,14 +390,30 @@ class Tuner:
                             "miss": "a profiled window did not finish"})
         return {"stages": out, "steps": self.profile_steps}
 
-    def _hand_over(self, tuned: Trial, written_now: Trial, written_first: Trial, steps: float | None) -> bool:
+    def _hand_over(self, tuned: Trial, written_now: Trial, written_first: Trial, steps: float | None) -> dict:
         """Whether the tuned settings are handed over: they must beat the recipe as written in
         the final check (interleaved with it) and also as it was measured when the search began.
         A slow spell that falls on the final check's as-written trials alone cannot then pass a
-        gain inside the machine's drift as a win."""
+        gain inside the machine's drift as a win. Returns {"passed", "why": {check: reason}}."""
         batch = self.recipe.data.batch_size
-        return all(self._beats(tuned, throughput(tuned, batch), w, throughput(w, batch), steps)
-                   for w in (written_now, written_first))
+        why = {name: self._verdict(tuned, throughput(tuned, batch), w, throughput(w, batch), steps)
+               for name, w in (("final check", written_now), ("first measurement", written_first))}
+        return {"passed": all(v is None for v in why.values()), "why": {k: v for k, v in why.items() if v}}
+
+    def _distinct(self, options: list[Option], fixed: list[str]) -> list[Option]:
+        """The options whose recipes differ: one that resolves to the same recipe as an earlier
+        option of its stage (the recipe's own setting spelled another way) is measured once."""
+        seen, out = [], []
+        for o in options:
+            try:
+                resolved = to_dict(load_recipe(self.recipe_arg, self.overrides + fixed + o.overrides))
+            except ConfigError:
+                out.append(o)   # a trial will say what is wrong with it
+                continue
+            if resolved not in seen:
+                seen.append(resolved)
+                out.append(o)
+        return out
 
     def _choose(self, trials: list[Trial], rows: list[dict], steps: float | None = None) -> Trial:
         """The first option (the incumbent: the recipe's own setting) unless another beats it
@@ -445,9 +500,13 @@ class Tuner:
                     row["chosen"], row["miss"] = False, f"{why}; the recipe's own setting kept"
 
 
+SYSTEMS_SHARE = 0.3   # with --methods: the systems search's share of the budget; the method stage has the rest
+
+
 def tune(recipe_arg: str, overrides: list[str], budget_s: float = 600.0, out: "str | Path | None" = None,
-         fresh: bool = False, console: Console | None = None, **kw) -> dict:
-    """Search the systems settings of a recipe on this machine (see the module doc); returns the result."""
+         fresh: bool = False, console: Console | None = None, methods: bool = False, **kw) -> dict:
+    """Search the systems settings of a recipe on this machine (see the module doc), then, with
+    `methods`, the methods on top of them (hasten.tune.methods); returns the result."""
     console = console or Console(stderr=True)
     recipe = load_recipe(recipe_arg, overrides)
     if recipe.task not in TASKS:
@@ -457,15 +516,35 @@ def tune(recipe_arg: str, overrides: list[str], budget_s: float = 600.0, out: "s
     outputs.check(REPORT_FILES, "choose another --out, or move them away")   # before any trial runs
     outputs.lock("tune output folder")   # a second tune into the same --out is refused while this one runs
     try:
+        t0 = time.perf_counter()
         cache = cache_path(recipe_arg, overrides, recipe, kw.get("min_gain", 0.05))
         result = read_cache(cache) if not fresh else None
         if result is not None:
             console.print(f"cached: measured on this machine on {result['date']} (--fresh to measure again)")
         else:
-            result = Tuner(recipe_arg, overrides, budget_s, out, console, **kw).search()
+            systems_s = budget_s * SYSTEMS_SHARE if methods else budget_s
+            result = Tuner(recipe_arg, overrides, systems_s, out, console, **kw).search()
             cache.parent.mkdir(parents=True, exist_ok=True)
             atomic_write(cache, lambda f: json.dump(result, f, indent=2, default=str), binary=False)
+        if methods:
+            result = dict(result, methods=_methods(recipe_arg, overrides, recipe, result,
+                                                   budget_s - (time.perf_counter() - t0), out, console))
+            if result["methods"].get("overrides"):
+                result["tuned_overrides"] = list(result["tuned_overrides"]) + result["methods"]["overrides"]
         write(result, outputs)
     finally:
         outputs.unlock()
     return result
+
+
+def _methods(recipe_arg: str, overrides: list[str], recipe, result: dict, budget_s: float, out: Path, console) -> dict:
+    """The method stage on top of the systems settings handed over (hasten.tune.methods)."""
+    tuned = result.get("tuned") or result.get("as_written") or {}
+    steps = result.get("run_steps")
+    if not tuned.get("step_s") or not steps:
+        return {"why": "the whole run's length in steps could not be told from the trials (a max_duration in wall-clock "
+                       "time?), so a run's cost is unknown", "candidates": [], "left_out": [], "handed_over": []}
+    run_s = 1.3 * steps * tuned["step_s"] + 20.0   # ten evaluations and the process's start on top of the steps
+    facts = result.get("facts") or {}
+    return method_stage(recipe_arg, overrides, result["tuned_overrides"], recipe, facts, budget_s, run_s,
+                        steps * recipe.data.batch_size, out, console, TASKS[recipe.task].quality)

@@ -9,6 +9,7 @@ training loss, the first step's extra time (compilation), or the reason it faile
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 import traceback
@@ -24,6 +25,51 @@ from ..errors import HastenError, first_line
 from ..models import has_batch_norm
 
 
+def model_facts(model, loader) -> dict:
+    """What the built run is, for the search's stages (decided from this, never from the task's
+    name): 2-D convolutions, batch norm, an embedding table, the model's and the loader's kinds."""
+    from torch import nn
+    modules = list(model.modules())
+    return {"conv2d": any(isinstance(m, nn.Conv2d) for m in modules), "batch_norm": has_batch_norm(model),
+            "embedding": any(isinstance(m, nn.Embedding) for m in modules), "model": type(model).__name__,
+            "loader": type(loader).__name__, "device_loader": type(loader).__name__ == "DeviceLoader"}
+
+
+def _cpu_ticks() -> "tuple[int, int] | None":
+    """(every core's busy ticks, this process tree's ticks) now, from /proc (Linux); None elsewhere."""
+    try:
+        with open("/proc/stat") as f:
+            fields = [int(x) for x in f.readline().split()[1:]]
+        busy = sum(fields) - fields[3] - (fields[4] if len(fields) > 4 else 0)   # less idle and iowait
+        mine, pids = 0, _tree(os.getpid())
+        for pid in pids:
+            with open(f"/proc/{pid}/stat") as f:
+                parts = f.read().rsplit(")", 1)[1].split()
+            mine += int(parts[11]) + int(parts[12])   # utime, stime
+        return busy, mine
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _tree(root: int) -> list[int]:
+    """`root` and its descendants (the trial and its loader workers)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+            children.setdefault(ppid, []).append(int(entry))
+    out, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        out.append(pid)
+        todo += children.get(pid, [])
+    return out
+
+
 class StepTimes(Callback):
     """Each step's wall time (batch end to batch end) and loss; stops the run when enough."""
 
@@ -34,6 +80,8 @@ class StepTimes(Callback):
 
     def fit_start(self, state, logger):
         self._last = time.perf_counter()
+        self._ticks = self._wall = None
+        self.others_share = None   # other processes' share of the cores while the measured steps ran
 
     def batch_end(self, state, logger):
         sync = state.runtime.device_synchronize
@@ -46,8 +94,15 @@ class StepTimes(Callback):
         self.losses.append(float(loss) if loss is not None else None)
         self.samples.append(int(state.batch[0].shape[0]) if isinstance(state.batch, (list, tuple)) else None)
         measured = self.times[self.warmup:]
+        if len(self.times) == self.warmup:   # the measured window starts: the cores' use from here
+            self._ticks, self._wall = _cpu_ticks(), now
         if len(self.times) >= self.max_steps or (len(measured) >= self.steps and sum(measured) >= self.min_seconds):
             state.stop_training = True
+            end = _cpu_ticks()
+            if self._ticks is not None and end is not None and now > self._wall:
+                hz, cores = os.sysconf("SC_CLK_TCK"), os.cpu_count() or 1
+                others = (end[0] - self._ticks[0]) - (end[1] - self._ticks[1])
+                self.others_share = max(0.0, others / hz / ((now - self._wall) * cores))
 
 
 def main(spec_path: str, out_path: str) -> int:
@@ -74,6 +129,8 @@ def main(spec_path: str, out_path: str) -> int:
                       batch=recipe.data.batch_size, microbatch=run.trainer.state.microbatch,
                       steps_per_epoch=run.trainer.state.steps_per_epoch,
                       batch_norm=has_batch_norm(run.trainer.state.model), data_wait=run.trainer.state.data_wait,
+                      facts=model_facts(run.trainer.state.model, run.trainer.state.train_dataloader),
+                      others_share=timer.others_share,
                       tokens_per_step=(ts.token / ts.batch) if (ts := run.trainer.state.timestamp).batch else None)
         if profile is not None and profile.result is not None:
             r = profile.result

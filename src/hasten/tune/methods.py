@@ -1,0 +1,189 @@
+"""The method stage of `hasten tune --methods`: hasten's methods measured on the user's recipe, as
+time to the quality the recipe as written reaches, on top of the systems settings the search
+chose.
+
+Candidates are the packaged methods that fit the model built (the trial worker's facts: 2-D
+convolutions, an embedding table) and that the recipe does not already use: for a conv
+classifier label smoothing, progressive resizing, EMA, Muon on the conv kernels, selective
+backprop; for every recipe a warm-up/stable/decay schedule, a 1.5x learning rate and 0.8x the
+run. Each is a recipe override; its runs are `hasten bench` runs (a process each, seeds paired
+and interleaved, time to target with misses counted).
+
+Successive halving within the budget:
+1. a screen: the systems-tuned recipe and every candidate that fits the budget, one seed each
+   (seed 0); the target is the systems-tuned run's final quality;
+2. a verification: the base and the best screened candidates (those that reached the target
+   sooner), two more seeds each, as many as the budget left holds; the target is then the
+   base's worst final quality over its three seeds (the harness's @first-worst), and each
+   candidate's time-to-target speed-up comes with its bootstrap interval.
+A method is handed over only when it was verified and its speed-up's interval lies wholly above
+1 (and every one of its runs reached the target: its quality is at least the base's worst, the
+quality guard of this stage). One seed gives no interval: a screened-only winner is reported,
+with the command that verifies it, and not handed over. Of several verified winners the
+fastest is handed over: their combination was not measured.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..bench.report import analyse
+from ..bench.runner import Spec, run_comparison, unique_labels
+from ..bench.target import Target
+from ..config import Recipe
+from ..core import Time
+
+SCREEN_SHARE = 0.5   # of the method stage's budget, at most, for the one-seed screen
+
+
+@dataclass
+class Candidate:
+    label: str
+    overrides: list[str]
+    what: str
+    screen: dict = field(default_factory=dict)
+    verified: dict = field(default_factory=dict)
+
+
+def candidates(recipe: Recipe, facts: dict) -> list[Candidate]:
+    """The methods that fit the model built and the recipe does not already use, most promising first."""
+    out = []
+    algos = recipe.algorithms
+    image = bool(facts.get("conv2d")) and recipe.task in ("image_classification", "classification")
+    if image and "label_smoothing" not in algos:
+        out.append(Candidate("label smoothing 0.1", ["algorithms.label_smoothing={smoothing: 0.1}"],
+                             "soft targets (docs/methods/label_smoothing.md)"))
+    if image and "progressive_resizing" not in algos:
+        out.append(Candidate("progressive resizing", ["algorithms.progressive_resizing={}"],
+                             "smaller images early in the run (docs/methods/progressive_resizing.md)"))
+    if facts.get("conv2d") and recipe.optimizer.name != "muon":
+        out.append(Candidate("Muon", ["optimizer.name=muon"], "Muon on the conv kernels or matrices, the rest as "
+                             "before (docs/methods/muon.md)"))
+    elif facts.get("embedding") and recipe.optimizer.name != "muon":
+        out.append(Candidate("Muon", ["optimizer.name=muon"], "Muon on the hidden matrices (docs/methods/muon.md)"))
+    if recipe.schedule.name != "wsd":
+        out.append(Candidate("warm-up/stable/decay schedule", ["schedule.name=wsd", "schedule.warmdown=0.3dur"],
+                             "the learning rate held, then decayed over the last 30%"))
+    if "ema" not in algos and "swa" not in algos:
+        out.append(Candidate("EMA", ["algorithms.ema={half_life: 0.1dur}"], "an average of the weights, kept only "
+                             "when it evaluates better (docs/methods/ema.md)"))
+    if image and "selective_backprop" not in algos:
+        out.append(Candidate("selective backprop", ["algorithms.selective_backprop={}"],
+                             "the backward pass on the harder half of each batch (docs/methods/selective_backprop.md)"))
+    out.append(Candidate("learning rate x1.5", [f"optimizer.lr={recipe.optimizer.lr * 1.5:.6g}"],
+                         "a larger step with the recipe's schedule"))
+    shorter = _scaled(recipe.trainer.max_duration, 0.8)
+    if shorter:
+        out.append(Candidate("0.8x the run", [f"trainer.max_duration={shorter}"], "the schedule compressed into 80% "
+                             "of the steps"))
+    return out
+
+
+def _scaled(duration, factor: float) -> "str | None":
+    try:
+        t = Time.parse(duration)
+    except ValueError:
+        return None
+    if t.unit.value not in ("ep", "ba", "sp", "tok"):
+        return None
+    value = t.value * factor
+    if t.unit.value == "ep" and value != int(value):
+        return f"{value:.3g}ep"
+    return f"{max(1, int(round(value)))}{t.unit.value}"
+
+
+def method_stage(recipe_arg: str, overrides: list[str], systems: list[str], recipe: Recipe, facts: dict,
+                 budget_s: float, run_s: float, samples_per_run: float, out: Path, console, quality) -> dict:
+    """Screen and verify the candidates (module doc) within `budget_s`, a run taking about
+    `run_s`; bench's runs go to OUT/methods/. Returns the stage's record for the report."""
+    cands = candidates(recipe, facts)
+    every = f"{max(1, int(samples_per_run // 10))}sp"   # ten evaluations a run, the same cadence for every side
+    shared = list(overrides) + list(systems)
+    base = Spec("systems-tuned", recipe_arg, shared + [f"trainer.eval_interval={every}"])
+    fits = max(0, int(budget_s * SCREEN_SHARE // max(run_s, 1.0)) - 1)
+    screened, left_out = cands[:fits], cands[fits:]
+    record = {"budget_s": budget_s, "run_s": run_s, "candidates": [], "left_out": [c.label for c in left_out],
+              "handed_over": [], "eval_every": every}
+    if not screened:
+        record["why"] = (f"the budget ({budget_s / 60:.0f} min) holds no screen: a run takes about {run_s / 60:.1f} "
+                         "min; give a larger --budget")
+        return record
+    specs = unique_labels([base] + [Spec(c.label, recipe_arg, shared + c.overrides + [f"trainer.eval_interval={every}"])
+                                    for c in screened])
+    folder = out / "methods"
+    target = Target(quality.metric, quality.op, None, True, "worst")
+    runs = run_comparison(specs, [0], folder, None, console, metric=quality.metric)
+    first = analyse(runs, [s.label for s in specs], target)
+    base_ttt = first["recipes"][base.label]["median_time_to_target_s"]
+    for c, spec in zip(screened, specs[1:]):
+        rec = first["recipes"][spec.label]
+        c.screen = {"reached": rec["reached"], "time_to_target_s": rec["median_time_to_target_s"],
+                    "speedup": (base_ttt / rec["median_time_to_target_s"])
+                    if base_ttt and rec["median_time_to_target_s"] else None,
+                    "final": rec["final_metric"]["mean"] if rec["final_metric"] else None}
+    promising = sorted((c for c in screened if c.screen["speedup"] and c.screen["speedup"] > 1.0),
+                       key=lambda c: -c.screen["speedup"])
+    spent = (len(screened) + 1) * run_s
+    room = int((budget_s - spent) // max(2 * run_s, 1.0)) - 1   # base and each candidate: two more seeds
+    verify = promising[:max(0, room)]
+    if verify:
+        vspecs = [specs[0]] + [s for s in specs[1:] if s.label in {c.label for c in verify}]
+        runs = run_comparison(vspecs, [0, 1, 2], folder, None, console, metric=quality.metric)
+        final = analyse(runs, [s.label for s in vspecs], target)
+        record["target"] = final["target"]
+        for c in verify:
+            rec = final["recipes"][c.label]
+            sp = rec["speedup_time_to_target"]
+            c.verified = {"seeds": rec["runs"], "reached": rec["reached"], "speedup": sp.get("ratio"),
+                          "low": sp.get("low"), "high": sp.get("high"),
+                          "final": rec["final_metric"]["mean"] if rec["final_metric"] else None}
+        winners = [c for c in verify if c.verified["reached"] == c.verified["seeds"] and c.verified["low"] is not None
+                   and not math.isnan(c.verified["low"]) and c.verified["low"] > 1.0]
+        if winners:
+            best = max(winners, key=lambda c: c.verified["speedup"] or 0.0)
+            record["handed_over"] = [best.label]
+            record["overrides"] = best.overrides
+    else:
+        record["target"] = first["target"]
+    record["candidates"] = [{"label": c.label, "overrides": c.overrides, "what": c.what, "screen": c.screen,
+                             "verified": c.verified} for c in cands if c.screen or c.verified]
+    record["verify_command"] = ("hasten bench " + " ".join([recipe_arg] + [f"'{recipe_arg}+{'+'.join(c.overrides)}'"
+                                                                           for c in promising[:2]])
+                                + " " + " ".join(shared) + " --seeds 3") if promising else None
+    return record
+
+
+def render(record: dict) -> list[str]:
+    """The method stage's part of tune.md."""
+    lines = ["", "## Methods", ""]
+    if record.get("why"):
+        return lines + [f"Not run: {record['why']}."]
+    lines += [f"Time to the target ({record.get('target', '?')}) against the systems-tuned recipe, each run a "
+              f"`hasten bench` run evaluated every {record['eval_every']}; a screen of one seed, then three seeds "
+              "for the most promising (module doc of hasten.tune.methods).", "",
+              "| method | screen (seed 0): speed-up | verified: seeds reached | verified: speed-up [95% interval] | "
+              "verdict |", "|---|---|---|---|---|"]
+    for c in record["candidates"]:
+        s, v = c["screen"], c["verified"]
+        screen = (f"{s['speedup']:.2f}x" if s.get("speedup") else
+                  ("missed the target" if not s.get("reached") else "-"))
+        if v:
+            interval = (f"{v['speedup']:.2f}x [{v['low']:.2f}, {v['high']:.2f}]" if v.get("speedup") is not None
+                        and not math.isnan(v.get("low") or float("nan")) else "-")
+            reached = f"{v['reached']}/{v['seeds']}"
+        else:
+            interval, reached = "-", "-"
+        verdict = ("**handed over**" if c["label"] in record["handed_over"] else
+                   "verified, not the fastest" if v and v.get("low") and v["low"] > 1.0 else
+                   "not faster" if v else
+                   "screened only: verify it" if s.get("speedup") and s["speedup"] > 1.0 else "not faster")
+        lines.append(f"| {c['label']} | {screen} | {reached} | {interval} | {verdict} |")
+    if record["left_out"]:
+        lines += ["", f"Not screened (the budget): {', '.join(record['left_out'])}."]
+    if record.get("verify_command") and not record["handed_over"]:
+        lines += ["", f"To verify the promising ones: `{record['verify_command']}`"]
+    return lines
+
+
+__all__ = ["Candidate", "candidates", "method_stage", "render"]

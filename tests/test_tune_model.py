@@ -1,0 +1,256 @@
+"""`hasten tune` on the user's own model: stages decided from the model and loaders built, a
+summary that follows the measurements (a separated 1.9x, a noisy interval, a busy machine), the
+method stage's selection rule; and the user's path made explicit (a factory's data settings,
+augmentation that resumes exactly, an average judged on a host's validation, micro-batching
+under batch norm, the profile's advice)."""
+import json
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+import hasten.tune.methods as methods_mod
+import hasten.tune.search as search_mod
+from hasten.config import load_recipe
+from hasten.errors import BusyMachineError, ConfigError
+from hasten.tune import Option, Trial, Tuner, stages, summary
+from hasten.tune.plan import throughput
+
+from tiny import image_zip
+
+USER_NET = textwrap.dedent("""
+    import torch
+    from torch import nn
+
+    class MyResNet(nn.Module):
+        def __init__(self, num_classes=10):
+            super().__init__()
+            self.body = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(),
+                                      nn.AdaptiveAvgPool2d(1), nn.Flatten())
+            self.head = nn.Linear(8, num_classes)
+
+        def forward(self, x):
+            return self.head(self.body(x))
+
+    class MyMLP(nn.Module):
+        def __init__(self, num_classes=10):
+            super().__init__()
+            self.net = nn.Sequential(nn.Flatten(), nn.Linear(3 * 32 * 32, num_classes))
+
+        def forward(self, x):
+            return self.net(x)
+""")
+
+
+@pytest.fixture
+def user_model(tmp_path, monkeypatch):
+    (tmp_path / "byom.py").write_text(USER_NET)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+@pytest.mark.parametrize("task", ["image_classification", "classification"])
+@pytest.mark.parametrize("model, conv", [("byom:MyResNet", True), ("byom:MyMLP", False)])
+def test_the_stages_follow_the_model_built_through_every_task_alias(user_model, task, model, conv):
+    from hasten.tune.worker import main
+    zpath = image_zip(user_model / "c.zip", train=16, test=8)
+    (user_model / "r.yaml").write_text(f"task: {task}\nmodel: {{name: '{model}'}}\n"
+                                       f"data: {{path: {zpath}, batch_size: 8, num_workers: 0}}\n"
+                                       "trainer: {max_duration: 4ba, tensorboard: false}\n")
+    spec = {"label": "as written", "recipe": str(user_model / "r.yaml"), "overrides": [], "run_dir": str(user_model / "run"),
+            "warmup": 1, "steps": 2, "min_seconds": 0.0, "max_steps": 3}
+    (user_model / "spec.json").write_text(json.dumps(spec))
+    main(str(user_model / "spec.json"), str(user_model / "out.json"))
+    out = json.loads((user_model / "out.json").read_text())
+    assert out["status"] == "ok", out
+    facts = out["facts"]
+    assert facts["conv2d"] is conv and facts["model"] in ("MyResNet", "MyMLP")
+    plan = {name: (options, why) for name, options, why in stages(load_recipe(str(user_model / "r.yaml")), facts)}
+    options, why = plan["channels_last"]
+    if conv:
+        assert options and not why
+    else:
+        assert not options and why == "the model built (MyMLP) has no 2-D convolutions"
+
+
+def test_a_factory_skips_the_loader_stage_saying_why():
+    recipe = load_recipe("cifar10-baseline", ["data.factory=pkg:make"])
+    plan = {name: (options, why) for name, options, why in stages(recipe, {"conv2d": True, "loader": "DataLoader"})}
+    assert plan["loader"] == ([], "data.factory: your loaders (DataLoader) are used as given")
+
+
+def _trial(label, times_by_round, first=None):
+    t = Trial(Option("final", label, []))
+    for r, times in enumerate(times_by_round):
+        t.results.append({"status": "ok", "warmup": 0 if first is None else 1, "round": r,
+                          "times": ([first] if first is not None else []) + list(times)})
+    return t
+
+
+def _tuner(run_len="100ba"):
+    tuner = Tuner.__new__(Tuner)
+    tuner.recipe, tuner.min_gain = load_recipe("cifar10-narrow", [f"trainer.max_duration={run_len}"]), 0.05
+    return tuner
+
+
+def test_a_separated_19x_is_handed_over_and_a_rejection_says_which_rule_with_its_numbers():
+    tuned = _trial("tuned", [[0.52, 0.51, 0.53] * 3, [0.52, 0.52, 0.51] * 3])
+    written = _trial("as written", [[1.0, 0.99, 1.01] * 3, [1.0, 1.01, 0.99] * 3])
+    tuner = _tuner()
+    hand = tuner._hand_over(tuned, written, written, 100.0)
+    assert hand == {"passed": True, "why": {}}
+    # the same step times, but compiling costs 100 s at the first step of a 100-step run: the rule says so
+    compiled = _trial("tuned", [[0.52, 0.51, 0.53] * 3, [0.52, 0.52, 0.51] * 3], first=100.0)
+    hand = tuner._hand_over(compiled, written, written, 100.0)
+    assert not hand["passed"]
+    assert "projected 151.5 s against 100.0 s (first step 99.5 s" in hand["why"]["final check"]
+    batch = 256
+    result = {"tuned": throughput(compiled, batch), "as_written": throughput(written, batch), "min_gain": 0.05,
+              "searched_overrides": ["trainer.compile=true"], "tuned_overrides": [], "decisions": {}, "speedup": 1.9,
+              "handover": hand, "busy": []}
+    text = summary(result)
+    assert text.startswith("Nothing beat the recipe as written by 5% on this machine")
+    assert "first step 99.5 s" in text and "1.9" in text
+
+
+def test_a_figure_the_interval_does_not_support_is_not_a_headline():
+    result = {"tuned": {"samples_per_s": 1100.0, "low": 171.0, "high": 2027.0},
+              "as_written": {"samples_per_s": 135.0, "low": 130.0, "high": 140.0}, "min_gain": 0.05,
+              "searched_overrides": ["trainer.threads=2"], "tuned_overrides": ["trainer.threads=2"],
+              "decisions": {"threads": "2 threads"}, "speedup": 8.1, "busy": []}
+    text = summary(result)
+    assert "too noisy to put a figure on it" in text and "rerun when it is idle" in text and "8.15x the" not in text
+    steady = dict(result, tuned={"samples_per_s": 270.0, "low": 265.0, "high": 275.0})
+    assert "2.00x the recipe's throughput on this machine, interval [1.89, 2.12]" in summary(steady)
+
+
+def test_a_busy_machine_stops_the_search_in_one_line_after_three_tries(monkeypatch):
+    tuner = _tuner()
+    tuner.busy = []
+    calls = []
+    monkeypatch.setattr(Tuner, "_trial_once", lambda self, *a: calls.append(a) or {"status": "ok", "others_share": 0.6})
+    with pytest.raises(BusyMachineError, match="the machine was busy: other processes used 60% of its cores"):
+        tuner.run_trial([], "as written")
+    assert len(calls) == 3
+    monkeypatch.setattr(Tuner, "_trial_once", lambda self, *a: {"status": "ok", "others_share": 0.05})
+    assert tuner.run_trial([], "as written")["others_share"] == 0.05
+
+
+def _scripted(monkeypatch, screen: dict, verified: dict):
+    """The method stage's bench runs replaced by scripted analyses: screen speed-ups by label,
+    and verified (ratio, low, high, reached) by label."""
+    rounds = []
+
+    def run_comparison(specs, seeds, folder, cap, console, metric=None):
+        rounds.append(([s.label for s in specs], seeds))
+        return []
+
+    def analyse(runs, labels, target):
+        out = {"target": "val/acc>=0.8", "recipes": {}}
+        verify = len(rounds[-1][1]) > 1
+        for label in labels:
+            if label == "systems-tuned":
+                out["recipes"][label] = {"reached": 1, "runs": 3 if verify else 1, "median_time_to_target_s": 100.0,
+                                         "final_metric": {"mean": 0.8}, "speedup_time_to_target": {}}
+            elif verify:
+                ratio, low, high, reached = verified[label]
+                out["recipes"][label] = {"reached": reached, "runs": 3, "median_time_to_target_s": 100.0 / ratio,
+                                         "final_metric": {"mean": 0.81},
+                                         "speedup_time_to_target": {"ratio": ratio, "low": low, "high": high}}
+            else:
+                s = screen[label]
+                out["recipes"][label] = {"reached": 1 if s else 0, "runs": 1,
+                                         "median_time_to_target_s": 100.0 / s if s else None,
+                                         "final_metric": {"mean": 0.8}, "speedup_time_to_target": {}}
+        return out
+    monkeypatch.setattr(methods_mod, "run_comparison", run_comparison)
+    monkeypatch.setattr(methods_mod, "analyse", analyse)
+    return rounds
+
+
+def test_the_method_stage_hands_over_only_a_verified_winner_whose_interval_clears_one(monkeypatch, tmp_path):
+    recipe = load_recipe("cifar10-baseline")
+    labels = [c.label for c in methods_mod.candidates(recipe, {"conv2d": True})]
+    screen = {lab: 0.9 for lab in labels}
+    screen.update({"EMA": 1.4, "Muon": 1.3, "learning rate x1.5": 1.2})
+    verified = {"EMA": (1.35, 1.10, 1.60, 3), "Muon": (1.5, 0.9, 2.1, 3), "learning rate x1.5": (1.2, 1.05, 1.4, 2)}
+    rounds = _scripted(monkeypatch, screen, verified)
+    from hasten.tasks import TASKS
+    rec = methods_mod.method_stage("cifar10-baseline", [], [], recipe, {"conv2d": True}, budget_s=10_000, run_s=100,
+                                   samples_per_run=50_000, out=tmp_path, console=None,
+                                   quality=TASKS["image_classification"].quality)
+    assert rounds[0][1] == [0] and rounds[1][1] == [0, 1, 2]
+    assert set(rounds[1][0]) == {"systems-tuned", "EMA", "Muon", "learning rate x1.5"}
+    assert rec["handed_over"] == ["EMA"]   # Muon's interval holds 1; the lr's runs did not all reach the target
+    md = "\n".join(methods_mod.render(rec))
+    assert "| EMA | 1.40x | 3/3 | 1.35x [1.10, 1.60] | **handed over** |" in md
+    assert "| Muon | 1.30x | 3/3 | 1.50x [0.90, 2.10] | not faster |" in md
+
+
+def test_a_budget_that_holds_only_the_screen_hands_nothing_over_and_says_how_to_verify(monkeypatch, tmp_path):
+    recipe = load_recipe("cifar10-baseline")
+    labels = [c.label for c in methods_mod.candidates(recipe, {"conv2d": True})]
+    rounds = _scripted(monkeypatch, {lab: (1.3 if lab == "label smoothing 0.1" else 0.8) for lab in labels}, {})
+    from hasten.tasks import TASKS
+    rec = methods_mod.method_stage("cifar10-baseline", [], [], recipe, {"conv2d": True}, budget_s=600,
+                                   run_s=100, samples_per_run=50_000, out=tmp_path, console=None,
+                                   quality=TASKS["image_classification"].quality)
+    assert len(rounds) == 1 and rounds[0][0] == ["systems-tuned", "label smoothing 0.1", "progressive resizing"]
+    assert rec["handed_over"] == [] and len(rec["left_out"]) == len(labels) - 2
+    md = "\n".join(methods_mod.render(rec))
+    assert "screened only: verify it" in md and "hasten bench cifar10-baseline" in md
+
+
+# ---------------------------------------------------------------------------- the user's path
+def test_a_factory_refuses_the_device_loaders_settings(user_model):
+    with pytest.raises(ConfigError, match="data.loader=device needs hasten's own dataset"):
+        from hasten.build import build_run
+        build_run(load_recipe("cifar10-baseline", ["data.factory=byom:MyResNet", "data.loader=device",
+                                                   f"trainer.run_dir={user_model / 'r'}"]))
+
+
+class Flippy(torch.utils.data.Dataset):
+    """A user's dataset that augments with the global generator inside __getitem__."""
+
+    def __len__(self):
+        return 40
+
+    def __getitem__(self, i):
+        x = torch.full((4,), float(i))
+        if torch.rand(()) < 0.5:
+            x = -x
+        return x + torch.rand(4) * 0.01, i % 2
+
+
+def test_a_users_augmentation_in_workers_resumes_exactly():
+    from hasten.data import make_dataloader
+    from hasten.data.resumable import epoch_iterator
+    straight = [b[0] for b in epoch_iterator(make_dataloader(Flippy(), 4, seed=3, num_workers=2, seed_samples=True), 3, 1)]
+    resumed = [b[0] for b in epoch_iterator(make_dataloader(Flippy(), 4, seed=3, num_workers=2, seed_samples=True), 3, 1,
+                                            skip_batches=4)]
+    assert len(resumed) == len(straight) - 4
+    assert all(torch.equal(a, b) for a, b in zip(straight[4:], resumed))
+    other_workers = [b[0] for b in epoch_iterator(make_dataloader(Flippy(), 4, seed=3, num_workers=0, seed_samples=True),
+                                                  3, 1)]
+    assert all(torch.equal(a, b) for a, b in zip(straight, other_workers))   # whatever the worker count
+
+
+def test_micro_batching_that_changes_what_batch_norm_sees_says_so():
+    from test_microbatch import _fit, _saved_bytes
+    limit = (_saved_bytes(4) + _saved_bytes(8)) // 2
+    with pytest.warns(UserWarning, match="batch norm now normalises over 8 samples, not the batch of 16"):
+        _fit(microbatch="auto", memory_limit=limit)
+
+
+def test_the_profile_ends_with_what_its_numbers_point_to():
+    from hasten.callbacks.profile import advice
+    net = nn.Sequential(nn.Conv2d(3, 8, 3), nn.ReLU())
+    result = {"shares": {"data": 0.3, "optimizer": 0.05}, "device": "cpu", "precision": "fp32",
+              "top_operators": [{"name": "aten::copy_", "share_of_self_cpu": 0.18},
+                                {"name": "aten::convolution_backward", "share_of_self_cpu": 0.3}]}
+    tips = advice(result, net)
+    assert len(tips) == 2 and "channels-last" in tips[0] and "18%" in tips[0] and "waits for data 30%" in tips[1]
+    assert advice(result, net.to(memory_format=torch.channels_last))[0].startswith("the step waits for data")
