@@ -233,8 +233,11 @@ def test_14_a_run_that_never_trained_removes_what_it_made(tmp_path, capsys, monk
                    "builtins.__import__ = slow\n"
                    "import hasten_entry\n"
                    "sys.exit(hasten_entry.main())\n")
+    # SIGINT at its default in the child (a shell's background job starts with it ignored, and Python
+    # then never raises KeyboardInterrupt)
     proc = subprocess.Popen([sys.executable, "-c", slow_import, "recipes"], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+                            stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     assert proc.stdout.readline().strip() == "importing"
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=60)
