@@ -320,6 +320,9 @@ def test_the_order_sentence_is_derived_from_the_records_provenance():
     copied = {"peer": [rec("t1", "earlier-pair"), rec("t3", "earlier-pair")], "hasten": [rec("t2"), rec("t4")]}
     said = order_sentence(copied, "pair")
     assert "copied from earlier-pair" in said and "alternating" not in said
+    # hasten bench records the results folder's dated name; the harness knows the comparison's name
+    dated = {"peer": [rec("t1"), rec("t3")], "hasten": [rec("t2", "2026-12-06-epyc-bf16-pair"), rec("t4", "2026-12-06-h200-pair")]}
+    assert order_sentence(dated, "pair").startswith("runs alternating")
     unknown = {"peer": [{"seed": 0}], "hasten": [rec("t2")]}
     assert "order is unknown" in order_sentence(unknown, "pair")
 

@@ -8,6 +8,7 @@ files differ from it. Bench records and benchmark result files carry it; reports
 from __future__ import annotations
 
 import datetime
+import re
 import functools
 import hashlib
 import os
@@ -91,6 +92,15 @@ def run_provenance(comparison: "str | None" = None, order: "int | None" = None, 
             "comparison": comparison, "order": order}
 
 
+def _same_comparison(recorded: "str | None", folder: str) -> bool:
+    """Whether a record's `comparison` names this comparison: its name, or its results folder's
+    name (DATE-MACHINE-NAME, what `hasten bench --name` receives from a harness), either way round."""
+    if recorded is None or recorded == folder:
+        return True
+    dated = r"\d{4}-\d{2}-\d{2}-[a-z0-9]+(?:-[a-z0-9]+)?-"
+    return bool(re.fullmatch(dated + re.escape(folder), recorded) or re.fullmatch(dated + re.escape(recorded), folder))
+
+
 def order_sentence(sides: "dict[str, list[dict]]", folder: str) -> str:
     """How the runs of a comparison were ordered, from their provenance alone: 'runs alternating',
     'the peer's runs first, then hasten's', or which side's runs were copied from another
@@ -106,9 +116,9 @@ def order_sentence(sides: "dict[str, list[dict]]", folder: str) -> str:
             notes.append(f"{label}: {sum(p is None for p in provs)} of {len(records)} runs carry no start time or "
                          "commit (recorded before provenance was), so the order is unknown")
             continue
-        copied = sorted({p["comparison"] for p in provs if p.get("comparison") not in (None, folder)})
+        copied = sorted({p["comparison"] for p in provs if not _same_comparison(p.get("comparison"), folder)})
         if copied:
-            notes.append(f"{label}: {sum(p.get('comparison') not in (None, folder) for p in provs)} of {len(records)} "
+            notes.append(f"{label}: {sum(not _same_comparison(p.get('comparison'), folder) for p in provs)} of {len(records)} "
                          f"runs copied from {', '.join(copied)} (not run beside the other side's)")
             continue
         timeline += [(p["started"], label) for p in provs]

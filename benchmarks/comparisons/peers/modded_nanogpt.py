@@ -58,6 +58,12 @@ Deviations, each for a reason:
   banks group the same matrices for sharding; the update of each matrix is the same);
 - no gradient communication (one process).
 
+Size: the hidden matrices hold 6.96M weights (hasten's prose GPT: 7.37M; one layer has no
+attention, as upstream's), but the lookup tables are larger than the model, as upstream's are:
+four value-embedding tables (10.5M) and, after the split, an embedding and a head of 2.6M each,
+22.7M parameters in all against the prose GPT's 10.1M. A lookup table costs memory and its
+optimizer step, not matrix products.
+
 Scored with hasten's metric: the mean cross-entropy over the first 131,072 held-out tokens in
 non-overlapping windows of 256 (hasten's val/loss for the prose recipes). Timed: the training
 steps (evaluations and the warm-up excluded), as upstream times them.
