@@ -67,6 +67,19 @@ def test_shard_local_order_is_a_permutation_drawn_from_seed_and_epoch_alone():
     assert len(first) <= 4   # the first rows come from one window of 4 shards: reads stay local
 
 
+def test_an_epoch_in_the_shuffled_order_decodes_each_shard_once(prepared, monkeypatch):
+    """Rows are shuffled within windows of shards; the reader keeps a window decoded, so reading
+    an epoch in that order decodes every shard once, not once per row."""
+    import pyarrow.parquet as pq
+    split = StreamSplit(str(prepared), "train")
+    reads = []
+    real = pq.read_table
+    monkeypatch.setattr(pq, "read_table", lambda path, **k: reads.append(path) or real(path, **k))
+    for i in shard_local_order(split.blocks, 0, 1).tolist():
+        split.row(i)
+    assert len(split.blocks) > 4 and len(reads) == len(split.blocks), (len(reads), len(split.blocks))
+
+
 def test_prepare_writes_a_manifest_refuses_a_foreign_folder_and_is_idempotent(prepared, tmp_path):
     m = read_manifest(str(prepared))
     assert m["kind"] == "tokens" and m["block_size"] == 16 and (prepared / "tokenizer.json").is_file()

@@ -43,7 +43,13 @@ def epoch_order(num_samples: int, chosen: torch.Tensor | None, shuffle: bool, se
     return order
 
 
-def shard_local_order(blocks: list[int], seed: int, epoch: int, window: int = 4) -> torch.Tensor:
+SHARD_WINDOW = 4
+"""How many consecutive shards (after shuffling them) have their rows shuffled together: a
+reader keeps that many shards decoded (hasten.data.streaming.StreamSplit), so each is decoded
+once an epoch."""
+
+
+def shard_local_order(blocks: list[int], seed: int, epoch: int, window: int = SHARD_WINDOW) -> torch.Tensor:
     """A permutation of all rows of `blocks` (shard sizes, in manifest order) drawn from
     (seed, epoch): the shards shuffled, then the rows of each group of `window` consecutive
     shards shuffled together."""

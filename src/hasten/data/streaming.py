@@ -46,7 +46,7 @@ from .corpus import BPE, _tokenizers
 from .download import data_root
 from .imagefolder import _pil
 from .masking import mask_tokens
-from .resumable import shard_local_order  # noqa: F401 (the order of a streamed source)
+from .resumable import SHARD_WINDOW, shard_local_order  # noqa: F401 (the order of a streamed source)
 
 MANIFEST = "hasten-stream.json"
 FORMAT = 1
@@ -232,11 +232,12 @@ def _sha256(path: Path) -> str:
 
 class StreamSplit(Dataset):
     """One split of a prepared source as a map-style dataset: `self[i]` is row i's fields as
-    numpy arrays. Picklable (loader workers open their own files); each process keeps its last
-    few decoded shards."""
+    numpy arrays. Picklable (loader workers open their own files); each process keeps the
+    shards of one window of the order decoded (SHARD_WINDOW), so an epoch decodes each shard
+    once in each process that reads it."""
 
     def __init__(self, url: str, split: str, cache_dir: "str | None" = None, cache_limit: "str | int" = "20GB",
-                 manifest: "dict | None" = None, keep: int = 2):
+                 manifest: "dict | None" = None, keep: int = SHARD_WINDOW):
         self.url, self.split, self.keep = url.rstrip("/"), split, keep
         self.manifest = manifest or read_manifest(url)
         if split not in self.manifest["splits"]:
