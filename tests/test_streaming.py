@@ -290,3 +290,14 @@ def test_nothing_on_hastens_path_imports_torchvision(prepared, tmp_path):
     """)
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=180)
     assert r.stdout.split()[-2:] == ["0", "False"], r.stdout[-300:] + r.stderr[-1000:]
+
+
+def test_normalised_images_are_contiguous_channels_first():
+    """A uint8 HWC image becomes a contiguous CHW tensor before padding and cropping: a permuted
+    view would make every later per-sample operation walk strided memory."""
+    from hasten.data.transforms import Normalize, RandomCropFlip
+    x = torch.randint(0, 256, (32, 32, 3), dtype=torch.uint8)
+    y = Normalize((0, 0, 0), (1, 1, 1))(x)
+    assert y.is_contiguous() and torch.equal(y, x.permute(2, 0, 1).float())
+    out = RandomCropFlip((0, 0, 0), (1, 1, 1), pad=4, mode="reflect")(x, torch.Generator().manual_seed(0))
+    assert out.shape == (3, 32, 32) and out.is_contiguous()
