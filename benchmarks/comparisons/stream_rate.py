@@ -59,13 +59,14 @@ def run(args: list[str], env: dict, run_dir: Path, warmup: int) -> dict:
 def resume_at(source: str, position: int, env: dict, tmp: Path) -> dict:
     """Seconds for a streamed prose GPT to produce its first batch at step `position` of the
     run (the sampler starts there: nothing before it is read), in a fresh process."""
+    run_dir = Path(tempfile.mkdtemp(prefix="resume-", dir=tmp)) / "run"   # a fresh run folder for each source
     code = f"""
 import json, time
 t0 = time.perf_counter()
 from hasten.config import load_recipe
 from hasten.build import build_run
 from hasten.data.resumable import epoch_iterator
-r = load_recipe("prose-gpt-baseline", ["data.source={source}", "data.num_workers=0", "trainer.run_dir={tmp / 'resume'}",
+r = load_recipe("prose-gpt-baseline", ["data.source={source}", "data.num_workers=0", "trainer.run_dir={run_dir}",
                                        "trainer.progress_bar=false", "trainer.tensorboard=false"])
 run = build_run(r)
 built = time.perf_counter()
