@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import errno
+import hashlib
 import os
 import tempfile
 from pathlib import Path
@@ -160,3 +161,12 @@ class FolderLock:
             self.release()
         except Exception:
             pass
+
+
+def file_digest(path: "str | os.PathLike", algorithm: str = "sha256") -> str:
+    """The hex digest of a file's bytes, read in 1 MiB pieces."""
+    h = hashlib.new(algorithm)
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()

@@ -15,24 +15,15 @@ same rule (`hasten.runs`, `hasten.callbacks.checkpoint`).
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from pathlib import Path
 from typing import Callable, Iterable
 
 from .errors import ConfigError
-from .files import FolderLock, atomic_write
+from .files import FolderLock, atomic_write, file_digest
 
 INDEX = ".hasten-outputs.json"
-
-
-def sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def read_index(folder: Path, name: str = INDEX) -> dict:
@@ -53,7 +44,7 @@ def owned(path: Path, entry: "dict | None") -> bool:
     """Listed with the content it has now, or claimed by a command stopped before it could
     record what it wrote."""
     return (entry is not None and path.is_file() and not path.is_symlink()
-            and (entry.get("pending") is True or sha256(path) == entry.get("sha256")))
+            and (entry.get("pending") is True or file_digest(path) == entry.get("sha256")))
 
 
 def update(folder: Path, names: Iterable[str], pending: bool, extra: "dict | None" = None,
@@ -68,7 +59,7 @@ def update(folder: Path, names: Iterable[str], pending: bool, extra: "dict | Non
         if pending:
             index[n] = {"sha256": None, "pending": True, **(extra or {})}
         elif p.is_file():
-            index[n] = {"sha256": sha256(p), **(extra or {})}
+            index[n] = {"sha256": file_digest(p), **(extra or {})}
         else:
             index.pop(n, None)
     atomic_write(folder / name, lambda f: json.dump({"format": 1, "files": index}, f, indent=1), binary=False)

@@ -442,8 +442,9 @@ def main(argv=None) -> int:
             opt.untie()
 
     @torch.no_grad()
-    def evaluate(long_blocks: int) -> float:
-        windows = (lookup(min(step, total - 1))[0][1][0] * BLOCK, long_blocks * BLOCK)
+    def evaluate(at: int, long_blocks: int) -> float:
+        """hasten's metric at step `at`, with that step's short window and `long_blocks` for the long one."""
+        windows = (lookup(min(at, total - 1))[0][1][0] * BLOCK, long_blocks * BLOCK)
         m = (len(val) - 1) // SEQ
         xs, ys = val[:m * SEQ].view(m, SEQ), val[1:m * SEQ + 1].view(m, SEQ)
         tot = 0.0
@@ -469,7 +470,7 @@ def main(argv=None) -> int:
     for step in range(stop + 1):
         if step == stop or (args.eval_every and step % args.eval_every == 0 and step):
             last = step == stop
-            curve.append({"step": step, "timed_s": timed, "val_loss": evaluate(FINAL_LONG_WINDOW if last else sched["long"])})
+            curve.append({"step": step, "timed_s": timed, "val_loss": evaluate(step, FINAL_LONG_WINDOW if last else sched["long"])})
             print(json.dumps({"step": step, "timed_s": round(timed, 2), "val_loss": round(curve[-1]["val_loss"], 4)}),
                   file=sys.stderr, flush=True)
         if step == stop:

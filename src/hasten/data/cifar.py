@@ -23,7 +23,8 @@ import torch
 
 from ..errors import DataError
 from ..files import atomic_write
-from .download import DatasetNotFoundError, data_root, download, file_digest
+from ..files import file_digest
+from .download import DatasetNotFoundError, data_root, download
 
 URL = "https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz"
 MD5 = "c58f30108f718f92721af3b95e74349a"   # published with the archive

@@ -39,7 +39,8 @@ import numpy as np
 from ..errors import ConfigError, DataError
 from ..files import atomic_write
 from ..processes import spawn, stop
-from .download import DatasetNotFoundError, data_root, download, file_digest
+from ..files import file_digest
+from .download import DatasetNotFoundError, data_root, download
 
 EOD = "<|endoftext|>"
 

@@ -4,7 +4,6 @@ Datasets are looked for, and downloaded to, `$HASTEN_DATA` (default ~/.cache/has
 """
 from __future__ import annotations
 
-import hashlib
 import os
 import shutil
 import tempfile
@@ -13,6 +12,7 @@ import urllib.request
 from pathlib import Path
 
 from ..errors import ConfigError, DataError, HastenError
+from ..files import file_digest
 
 
 class DatasetNotFoundError(HastenError, FileNotFoundError):
@@ -31,14 +31,6 @@ def data_root() -> Path:
         raise ConfigError(f"HASTEN_DATA={root} is a file, not a folder; point it at a folder for hasten's downloads "
                           "and caches (or unset it for ~/.cache/hasten/data)")
     return root
-
-
-def file_digest(path: "str | os.PathLike", algorithm: str = "sha256") -> str:
-    h = hashlib.new(algorithm)
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def download(url: str, dest: "str | os.PathLike", checksum: str | None = None, algorithm: str = "md5",

@@ -39,7 +39,7 @@ import torch
 from torch.utils.data import Dataset
 
 from ..errors import ConfigError, DataError
-from ..files import FolderLock, atomic_write
+from ..files import FolderLock, atomic_write, file_digest
 from ..microbatch import parse_bytes
 from ..schema import setting
 from .corpus import BPE, _tokenizers
@@ -196,7 +196,7 @@ class ShardCache:
             os.close(fd)
             try:
                 fs.get_file(remote, tmp)
-                got = _sha256(Path(tmp))
+                got = file_digest(tmp)
                 if got != sha256:
                     raise DataError(f"{remote}: its SHA-256 is {got[:12]}..., the manifest says {sha256[:12]}...: the "
                                     "shard changed since it was prepared; prepare the source again")
@@ -220,14 +220,6 @@ class ShardCache:
                 path.unlink()   # an open copy in another process stays readable (POSIX)
             total -= index.pop(name)["bytes"]
         self._save(index)
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 class StreamSplit(Dataset):

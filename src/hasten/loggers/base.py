@@ -101,6 +101,21 @@ class LogHub:
             self.on_error = on_error
 
 
+def mapping_problem(options, allowed: dict) -> "str | None":
+    """What is wrong with a tracker's options mapping (`allowed`: key -> type), by key; None when
+    it is absent or every key is known and of its type."""
+    if options is None:
+        return None
+    if not isinstance(options, dict):
+        return f"is not a mapping; give one of {', '.join(allowed)} (or {{}} for the defaults)"
+    for key, value in options.items():
+        if key not in allowed:
+            return f"has an unknown key {key!r}; it takes {', '.join(allowed)}"
+        if value is not None and not isinstance(value, allowed[key]):
+            return f"has {key}: {value!r}, which is not a {allowed[key].__name__}"
+    return None
+
+
 def fmt(v: float) -> str:
     if not math.isfinite(v):
         return str(v)

@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .base import LoggerDestination
+from .base import LoggerDestination, mapping_problem
 
 
 def flatten(d: dict, prefix: str = "") -> dict[str, Any]:
@@ -66,15 +66,9 @@ def store_problem(uri: "str | None") -> "str | None":
 
 def options_problem(options) -> "str | None":
     """What is wrong with trainer.mlflow's mapping, by key (None: nothing)."""
-    if options is None:
-        return None
-    if not isinstance(options, dict):
-        return f"is not a mapping; give one of {', '.join(OPTIONS)} (or {{}} for the defaults)"
-    for key, value in options.items():
-        if key not in OPTIONS:
-            return f"has an unknown key {key!r}; it takes {', '.join(OPTIONS)}"
-        if value is not None and not isinstance(value, OPTIONS[key]):
-            return f"has {key}: {value!r}, which is not a {OPTIONS[key].__name__}"
+    problem = mapping_problem(options, OPTIONS)
+    if problem or options is None:
+        return problem
     problem = store_problem(options.get("tracking_uri"))
     return f"has tracking_uri {options['tracking_uri']}: {problem}" if problem else None
 

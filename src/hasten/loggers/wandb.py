@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import importlib.util
 
-from .base import LoggerDestination
+from .base import LoggerDestination, mapping_problem
 
 
 OPTIONS = {"project": str, "name": str, "mode": str, "dir": str, "id": str, "entity": str, "tags": list}
@@ -19,15 +19,9 @@ MODES = ("online", "offline", "disabled", "shared")
 
 def options_problem(options) -> "str | None":
     """What is wrong with trainer.wandb's mapping, by key (None: nothing)."""
-    if options is None:
-        return None
-    if not isinstance(options, dict):
-        return f"is not a mapping; give one of {', '.join(OPTIONS)} (or {{}} for the defaults)"
-    for key, value in options.items():
-        if key not in OPTIONS:
-            return f"has an unknown key {key!r}; it takes {', '.join(OPTIONS)}"
-        if value is not None and not isinstance(value, OPTIONS[key]):
-            return f"has {key}: {value!r}, which is not a {OPTIONS[key].__name__}"
+    problem = mapping_problem(options, OPTIONS)
+    if problem or options is None:
+        return problem
     if options.get("mode") is not None and options["mode"] not in MODES:
         return f"has mode {options['mode']!r}, not one of {', '.join(MODES)}"
     return None
