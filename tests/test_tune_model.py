@@ -12,7 +12,6 @@ import torch
 from torch import nn
 
 import hasten.tune.methods as methods_mod
-import hasten.tune.search as search_mod
 from hasten.config import load_recipe
 from hasten.errors import BusyMachineError, ConfigError
 from hasten.tune import Option, Trial, Tuner, stages, summary
@@ -160,6 +159,10 @@ def _scripted(monkeypatch, screen: dict, verified: dict):
                 out["recipes"][label] = {"reached": reached, "runs": 3, "median_time_to_target_s": 100.0 / ratio,
                                          "final_metric": {"mean": 0.81},
                                          "speedup_time_to_target": {"ratio": ratio, "low": low, "high": high}}
+            elif screen[label] == "failed":   # its run failed: nothing counted, the error reported
+                out["recipes"][label] = {"reached": 0, "runs": 0, "median_time_to_target_s": None,
+                                         "final_metric": None, "speedup_time_to_target": {}}
+                out.setdefault("failed", []).append({"label": label, "seed": 0, "error": "hasten: error: bad override"})
             else:
                 s = screen[label]
                 out["recipes"][label] = {"reached": 1 if s else 0, "runs": 1,
@@ -176,7 +179,7 @@ def test_the_method_stage_hands_over_only_a_verified_winner_whose_interval_clear
     labels = [c.label for c in methods_mod.candidates(recipe, {"conv2d": True})]
     screen = {lab: 0.9 for lab in labels}
     screen.update({"EMA": 1.4, "Muon": 1.3, "learning rate x1.5": 1.2})
-    verified = {"EMA": (1.35, 1.10, 1.60, 3), "Muon": (1.5, 0.9, 2.1, 3), "learning rate x1.5": (1.2, 1.05, 1.4, 2)}
+    verified = {"EMA": (1.35, 1.10, 1.60, 3), "Muon": (1.5, 0.0, 2.1, 3), "learning rate x1.5": (1.2, 1.05, 1.4, 2)}
     rounds = _scripted(monkeypatch, screen, verified)
     from hasten.tasks import TASKS
     rec = methods_mod.method_stage("cifar10-baseline", [], [], recipe, {"conv2d": True}, budget_s=10_000, run_s=100,
@@ -187,7 +190,7 @@ def test_the_method_stage_hands_over_only_a_verified_winner_whose_interval_clear
     assert rec["handed_over"] == ["EMA"]   # Muon's interval holds 1; the lr's runs did not all reach the target
     md = "\n".join(methods_mod.render(rec))
     assert "| EMA | 1.40x | 3/3 | 1.35x [1.10, 1.60] | **handed over** |" in md
-    assert "| Muon | 1.30x | 3/3 | 1.50x [0.90, 2.10] | not faster |" in md
+    assert "| Muon | 1.30x | 3/3 | 1.50x [0.00, 2.10] | not faster |" in md   # an interval from 0 is shown, not hidden
 
 
 def test_a_budget_that_holds_only_the_screen_hands_nothing_over_and_says_how_to_verify(monkeypatch, tmp_path):
@@ -202,6 +205,25 @@ def test_a_budget_that_holds_only_the_screen_hands_nothing_over_and_says_how_to_
     assert rec["handed_over"] == [] and len(rec["left_out"]) == len(labels) - 2
     md = "\n".join(methods_mod.render(rec))
     assert "screened only: verify it" in md and "hasten bench cifar10-baseline" in md
+    # the report says what budget screens every candidate
+    assert "The screen's target is the systems-tuned run's own final quality, 0.8, which it reached in 100 s" in md
+    stage_s = (len(labels) + 1) * 100 / methods_mod.SCREEN_SHARE   # 100 s a run, the screen's share of the stage
+    assert f"a --budget of about {-(-stage_s / (1 - methods_mod.SYSTEMS_SHARE) // 60):.0f} min screens every" in md
+
+
+def test_a_screen_that_missed_gives_its_quality_and_one_that_failed_its_error(monkeypatch, tmp_path):
+    recipe = load_recipe("cifar10-baseline")
+    labels = [c.label for c in methods_mod.candidates(recipe, {"conv2d": True})]
+    outcome = {"label smoothing 0.1": 0, "progressive resizing": "failed"}
+    _scripted(monkeypatch, {lab: outcome.get(lab, 0.8) for lab in labels}, {})
+    from hasten.tasks import TASKS
+    rec = methods_mod.method_stage("cifar10-baseline", [], [], recipe, {"conv2d": True}, budget_s=600,
+                                   run_s=100, samples_per_run=50_000, out=tmp_path, console=None,
+                                   quality=TASKS["image_classification"].quality)
+    md = "\n".join(methods_mod.render(rec))
+    assert rec["handed_over"] == [] and rec["verify_command"] is None
+    assert "| label smoothing 0.1 | missed the target (0.8) | - | - | missed the target |" in md, md
+    assert "| progressive resizing | failed: hasten: error: bad override | - | - | not measured: its run failed |" in md
 
 
 # ---------------------------------------------------------------------------- the user's path
@@ -254,3 +276,18 @@ def test_the_profile_ends_with_what_its_numbers_point_to():
     tips = advice(result, net)
     assert len(tips) == 2 and "channels-last" in tips[0] and "18%" in tips[0] and "waits for data 30%" in tips[1]
     assert advice(result, net.to(memory_format=torch.channels_last))[0].startswith("the step waits for data")
+
+
+@pytest.mark.parametrize("recipe_arg", ["cifar10-baseline", "cifar10-narrow", "prose-gpt-baseline", "shakespeare-char-baseline",
+                                        str(Path(__file__).resolve().parent.parent / "benchmarks" / "comparisons" / "recipes"
+                                            / "user-resnet.yaml")])
+def test_every_candidate_method_is_a_valid_recipe(recipe_arg):
+    """A candidate that the recipe's own settings refuse (Muon beside an SGD recipe's optimizer.sgd)
+    would fail its screen in seconds and never be measured."""
+    recipe = load_recipe(recipe_arg)
+    facts = {"conv2d": recipe.task in ("image_classification", "classification"),
+             "embedding": recipe.task not in ("image_classification", "classification")}
+    cands = methods_mod.candidates(recipe, facts)
+    assert cands
+    for c in cands:
+        load_recipe(recipe_arg, c.overrides)   # raises ConfigError on a refused override

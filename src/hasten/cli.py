@@ -534,7 +534,8 @@ def make_parser() -> argparse.ArgumentParser:
                    "an option must show to be handed over, e.g. 5%% or 0.05 (default 5%%)")
     u.add_argument("--methods", action="store_true", help="after the systems settings, measure hasten's methods that "
                    "fit the model as time to the recipe's quality (30%% of --budget for the systems, the rest for the "
-                   "methods; an hour or more verifies winners over three seeds)")
+                   "methods: half of that screens candidates at one run each, the other half verifies the most promising "
+                   "over three seeds; the report names the --budget that screens them all)")
     u.add_argument("--lr", action="store_true", help="a learning-rate range test instead of the systems search")
     u.add_argument("--lr-steps", type=int, default=200, help="--lr: steps of the sweep (default 200)")
     _trust_flag(u)

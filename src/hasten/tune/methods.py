@@ -35,6 +35,7 @@ from ..config import Recipe
 from ..core import Time
 
 SCREEN_SHARE = 0.5   # of the method stage's budget, at most, for the one-seed screen
+SYSTEMS_SHARE = 0.3   # with --methods: the systems search's share of the budget; the method stage has the rest
 
 
 @dataclass
@@ -57,11 +58,18 @@ def candidates(recipe: Recipe, facts: dict) -> list[Candidate]:
     if image and "progressive_resizing" not in algos:
         out.append(Candidate("progressive resizing", ["algorithms.progressive_resizing={}"],
                              "smaller images early in the run (docs/methods/progressive_resizing.md)"))
-    if facts.get("conv2d") and recipe.optimizer.name != "muon":
-        out.append(Candidate("Muon", ["optimizer.name=muon"], "Muon on the conv kernels or matrices, the rest as "
-                             "before (docs/methods/muon.md)"))
-    elif facts.get("embedding") and recipe.optimizer.name != "muon":
-        out.append(Candidate("Muon", ["optimizer.name=muon"], "Muon on the hidden matrices (docs/methods/muon.md)"))
+    if recipe.optimizer.name != "muon" and (facts.get("conv2d") or facts.get("embedding")):
+        # the rest keeps the recipe's optimizer family and its settings (optimizer.sgd or optimizer.adam)
+        others = "sgd" if recipe.optimizer.name in ("sgd", "sgdw") else "adamw"
+        if facts.get("conv2d"):   # the conv-kernel settings of hasten's CIFAR speedrun (cifar10-fast)
+            out.append(Candidate("Muon", ["optimizer.name=muon", f"optimizer.muon.others={others}",
+                                          "optimizer.muon.lr=0.24", "optimizer.muon.momentum=0.6",
+                                          "optimizer.muon.ns_steps=3", "optimizer.muon.normalize=true"],
+                                 "Muon on the conv kernels (cifar10-fast's settings), the rest as before "
+                                 "(docs/methods/muon.md)"))
+        else:
+            out.append(Candidate("Muon", ["optimizer.name=muon", f"optimizer.muon.others={others}"],
+                                 "Muon on the hidden matrices, the rest as before (docs/methods/muon.md)"))
     if recipe.schedule.name != "wsd":
         out.append(Candidate("warm-up/stable/decay schedule", ["schedule.name=wsd", "schedule.warmdown=0.3dur"],
                              "the learning rate held, then decayed over the last 30%"))
@@ -104,7 +112,8 @@ def method_stage(recipe_arg: str, overrides: list[str], systems: list[str], reci
     fits = max(0, int(budget_s * SCREEN_SHARE // max(run_s, 1.0)) - 1)
     screened, left_out = cands[:fits], cands[fits:]
     record = {"budget_s": budget_s, "run_s": run_s, "candidates": [], "left_out": [c.label for c in left_out],
-              "handed_over": [], "eval_every": every}
+              "handed_over": [], "eval_every": every,
+              "screen_all_s": (len(cands) + 1) * run_s / SCREEN_SHARE}   # the stage's budget that screens every candidate
     if not screened:
         record["why"] = (f"the budget ({budget_s / 60:.0f} min) holds no screen: a run takes about {run_s / 60:.1f} "
                          "min; give a larger --budget")
@@ -115,10 +124,15 @@ def method_stage(recipe_arg: str, overrides: list[str], systems: list[str], reci
     target = Target(quality.metric, quality.op, None, True, "worst")
     runs = run_comparison(specs, [0], folder, None, console, metric=quality.metric)
     first = analyse(runs, [s.label for s in specs], target)
-    base_ttt = first["recipes"][base.label]["median_time_to_target_s"]
+    base_rec = first["recipes"][base.label]
+    base_ttt = base_rec["median_time_to_target_s"]
+    record["base_screen"] = {"final": base_rec["final_metric"]["mean"] if base_rec["final_metric"] else None,
+                             "time_to_target_s": base_ttt}
+    failed = {f["label"]: f.get("error") or "see its log" for f in first.get("failed", [])}
     for c, spec in zip(screened, specs[1:]):
         rec = first["recipes"][spec.label]
         c.screen = {"reached": rec["reached"], "time_to_target_s": rec["median_time_to_target_s"],
+                    "failed": failed.get(spec.label),
                     "speedup": (base_ttt / rec["median_time_to_target_s"])
                     if base_ttt and rec["median_time_to_target_s"] else None,
                     "final": rec["final_metric"]["mean"] if rec["final_metric"] else None}
@@ -166,21 +180,35 @@ def render(record: dict) -> list[str]:
               "verdict |", "|---|---|---|---|---|"]
     for c in record["candidates"]:
         s, v = c["screen"], c["verified"]
+        final = s.get("final")
         screen = (f"{s['speedup']:.2f}x" if s.get("speedup") else
-                  ("missed the target" if not s.get("reached") else "-"))
+                  f"failed: {s['failed']}" if s.get("failed") else
+                  (f"missed the target ({final:.4g})" if not s.get("reached") and final is not None
+                   and not math.isnan(final) else "missed the target" if not s.get("reached") else "-"))
         if v:
-            interval = (f"{v['speedup']:.2f}x [{v['low']:.2f}, {v['high']:.2f}]" if v.get("speedup") is not None
-                        and not math.isnan(v.get("low") or float("nan")) else "-")
+            low = v.get("low")
+            interval = (f"{v['speedup']:.2f}x [{low:.2f}, {v['high']:.2f}]" if v.get("speedup") is not None
+                        and low is not None and not math.isnan(low) else "-")
             reached = f"{v['reached']}/{v['seeds']}"
         else:
             interval, reached = "-", "-"
         verdict = ("**handed over**" if c["label"] in record["handed_over"] else
                    "verified, not the fastest" if v and v.get("low") and v["low"] > 1.0 else
                    "not faster" if v else
-                   "screened only: verify it" if s.get("speedup") and s["speedup"] > 1.0 else "not faster")
+                   "screened only: verify it" if s.get("speedup") and s["speedup"] > 1.0 else
+                   "not measured: its run failed" if s.get("failed") else
+                   "missed the target" if not s.get("reached") else "not faster")
         lines.append(f"| {c['label']} | {screen} | {reached} | {interval} | {verdict} |")
+    b = record.get("base_screen")
+    if b and b.get("final") is not None:
+        lines += ["", f"The screen's target is the systems-tuned run's own final quality, {b['final']:.4g}"
+                  + (f", which it reached in {b['time_to_target_s']:.0f} s of training." if b.get("time_to_target_s")
+                     else ".")]
     if record["left_out"]:
-        lines += ["", f"Not screened (the budget): {', '.join(record['left_out'])}."]
+        total = record.get("screen_all_s")
+        whole = (f"; a --budget of about {math.ceil(total / (1 - SYSTEMS_SHARE) / 60)} min screens every candidate"
+                 if total else "")
+        lines += ["", f"Not screened (the budget): {', '.join(record['left_out'])}{whole}."]
     if record.get("verify_command") and not record["handed_over"]:
         lines += ["", f"To verify the promising ones: `{record['verify_command']}`"]
     return lines

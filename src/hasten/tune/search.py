@@ -83,7 +83,7 @@ from ..provenance import code_version
 from ..registry import TASKS
 from .plan import (BATCH_STATS, GUARDED, KEYS, Option, Trial, _default, cache_path, data_wait, first_step_extra,
                    machine_key, read_cache, round_medians, stages, throughput)
-from .methods import method_stage
+from .methods import SYSTEMS_SHARE, method_stage
 from .report import REPORT_FILES, report_outputs, write
 
 BUSY_SHARE = 0.25   # other processes' share of the cores above which a trial is run again
@@ -498,9 +498,6 @@ class Tuner:
             for row in table:
                 if row["stage"] == s and row["chosen"]:
                     row["chosen"], row["miss"] = False, f"{why}; the recipe's own setting kept"
-
-
-SYSTEMS_SHARE = 0.3   # with --methods: the systems search's share of the budget; the method stage has the rest
 
 
 def tune(recipe_arg: str, overrides: list[str], budget_s: float = 600.0, out: "str | Path | None" = None,
