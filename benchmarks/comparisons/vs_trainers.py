@@ -53,12 +53,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import resource
 import subprocess
 import sys
 import tempfile
 import time
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -74,7 +76,8 @@ from hasten.hardware import cpu_has_bf16  # noqa: E402
 from hasten.provenance import code_version, run_provenance  # noqa: E402
 
 ARMS = {"gpt": ["hf", "hf-documented", "hasten", "hasten-fast", "hf+hasten"],
-        "cifar": ["lightning-cl", "lightning", "hasten", "hasten-fast", "lightning+hasten"]}
+        "cifar": ["lightning-cl", "lightning", "hasten", "hasten-fast", "lightning+hasten"],
+        "resnet": ["lightning-cl", "hasten", "hasten-tuned"]}
 AS_DOCUMENTED = {"hf-documented"}   # arms under glibc's allocator defaults; every other arm under hasten's settings
 GPT = dict(n_layer=4, n_head=4, n_embd=256, n_positions=256, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
 BLOCK, BATCH, EVAL_TOKENS = 256, 16, 131072
@@ -400,11 +403,102 @@ def run_cifar(arm: str, seed: int, out, epochs: int, every: int, data_path: str 
     clock.final(ts.batch, ts.sample, 0, {**extra, "recipe": "cifar10-narrow", "overrides": overrides[:3]})
 
 
+# ---------------------------------------------------------------------------- resnet: a user's own model
+RESNET_RECIPE = Path(__file__).parent / "recipes" / "user-resnet.yaml"
+
+
+def run_resnet(arm: str, seed: int, out, epochs: int, every: int, data_path: str | None, tuned: str | None):
+    """The user's ResNet and data (user_resnet.py) in plain Lightning with the two flags a user
+    sets by hand (bf16-mixed where the CPU has bf16 hardware, channels-last), against hasten's
+    recipe of it as written (`hasten`) and as `hasten tune --methods` handed it over
+    (`hasten-tuned`, the tuned.yaml given by --recipe)."""
+    from benchmarks.comparisons.user_resnet import ResNet, loaders
+    from hasten.config import load_recipe
+    written = load_recipe(str(RESNET_RECIPE))
+    train_set, test = loaders(data_path, **{k: v for k, v in written.data.factory_args.items() if k != "path"})
+    test_x, test_y = test.tensors
+    batch, lr, wd = written.data.batch_size, written.optimizer.lr, written.optimizer.weight_decay
+
+    def evaluate(model):
+        correct = 0
+        for i in range(0, len(test_x), 1000):
+            correct += (model(test_x[i:i + 1000]).argmax(1) == test_y[i:i + 1000]).sum().item()
+        return correct / len(test_y)
+
+    clock = Clock(out, evaluate, "val/acc")
+    precision = "bf16-mixed" if bf16_hardware() else "fp32"
+    if arm == "lightning-cl":
+        import lightning as L
+        torch.manual_seed(seed)
+        net = ResNet(**written.model.args).to(memory_format=torch.channels_last)
+        loader = torch.utils.data.DataLoader(train_set, batch_size=batch, shuffle=True, num_workers=1,
+                                             persistent_workers=True)
+        steps_per_epoch = len(loader)
+
+        class Module(L.LightningModule):
+            def __init__(self):
+                super().__init__()
+                self.net = net
+
+            def forward(self, x):
+                return self.net(x.contiguous(memory_format=torch.channels_last))
+
+            def training_step(self, b, i):
+                return F.cross_entropy(self(b[0]), b[1])
+
+            def configure_optimizers(self):   # SGD with Nesterov momentum; a warm-up epoch, then cosine to zero
+                opt = torch.optim.SGD(self.parameters(), lr=lr, momentum=0.9, nesterov=True, weight_decay=wd)
+                total, warm = steps_per_epoch * epochs, steps_per_epoch
+                f = lambda s: (s + 1) / warm if s < warm else 0.5 * (1 + math.cos(math.pi * (s - warm) / (total - warm)))
+                return {"optimizer": opt, "lr_scheduler": {"scheduler": torch.optim.lr_scheduler.LambdaLR(opt, f),
+                                                           "interval": "step"}}
+
+        class Points(L.Callback):
+            def on_train_start(self, trainer, module):
+                clock.start()
+
+            def on_train_epoch_end(self, trainer, module):
+                if (trainer.current_epoch + 1) % every == 0:
+                    clock.point(module, trainer.global_step, trainer.global_step * batch)
+
+        L.seed_everything(seed, verbose=False)
+        trainer = L.Trainer(max_epochs=epochs, accelerator="cpu", devices=1, precision=precision, logger=False,
+                            enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                            callbacks=[Points()], num_sanity_val_steps=0)
+        trainer.fit(Module(), loader)
+        clock.final(trainer.global_step, trainer.global_step * batch, 0,
+                    {"precision": precision, "lightning": {"precision": precision, "channels_last": True, "num_workers": 1}})
+        return
+    from hasten.build import build_run
+    recipe = str(RESNET_RECIPE) if arm == "hasten" else tuned
+    r = load_recipe(recipe)
+    if "ema" in r.algorithms:
+        raise SystemExit("vs_trainers resnet: the clock scores the trained weights; a recipe with EMA needs its average scored")
+    duration = f"{epochs}ep" if arm == "hasten" else r.trainer.max_duration
+    overrides = [f"trainer.max_duration={duration}", f"trainer.eval_interval={duration}",   # hasten's own evaluation
+                 f"trainer.seed={seed}",                                                   # once, after the clock's last point
+                 f"trainer.run_dir={tempfile.mkdtemp(prefix='hasten-')}/run", "trainer.progress_bar=false",
+                 "trainer.tensorboard=false", "trainer.checkpoints=false"]
+    if data_path:
+        overrides.append(f"data.factory_args.path={data_path}")
+    run = build_run(load_recipe(recipe, overrides), progress_bar=False, console_logger=False)
+    steps_per_epoch = len(run.trainer.state.train_dataloader)
+    run.trainer.add_callbacks(clock_points(clock, lambda b: b % (every * steps_per_epoch) == 0))
+    run.trainer.fit(summary=False)
+    run.close()
+    ts = run.trainer.state.timestamp
+    if ts.batch % (every * steps_per_epoch):   # a shorter tuned run: score its end too
+        clock.point(run.trainer.state.model, ts.batch, ts.sample)
+    clock.final(ts.batch, ts.sample, 0, {"precision": r.trainer.precision, "recipe": recipe, "overrides": overrides[:1]})
+
+
 # ---------------------------------------------------------------------------- orchestration
 def run_child(args) -> int:
     with open(args.out_file, "a") as out:
         if args.suite == "gpt":
             run_gpt(args.arm, args.seed, out, args.steps, args.fast_steps, args.every)
+        elif args.suite == "resnet":
+            run_resnet(args.arm, args.seed, out, args.epochs, args.every, args.data, args.recipe)
         else:
             run_cifar(args.arm, args.seed, out, args.epochs, args.every, args.data)
     return 0
@@ -420,6 +514,7 @@ def main() -> int:
     p.add_argument("--every", type=int, default=50, help="evaluate every N steps (gpt) or epochs (cifar)")
     p.add_argument("--data", default=None, help="cifar: the CIFAR-10 archive or folder (default: downloaded)")
     p.add_argument("--arms", default=None, help="comma-separated subset of the arms")
+    p.add_argument("--recipe", default=None, help="resnet: the tuned recipe of the hasten-tuned arm (tune's tuned.yaml)")
     p.add_argument("--name", default=None)
     p.add_argument("--child", nargs=3, metavar=("ARM", "SEED", "OUT"), help=argparse.SUPPRESS)
     args = p.parse_args()
@@ -444,6 +539,8 @@ def main() -> int:
                      "--fast-steps", str(args.fast_steps), "--epochs", str(args.epochs), "--every", str(args.every)]
             if args.data:
                 child += ["--data", args.data]
+            if args.recipe:
+                child += ["--recipe", args.recipe]
             env = glibc_env() if arm in AS_DOCUMENTED else {**glibc_env(), **hasten_malloc()}
             provenance = run_provenance(out_dir.name, len(load_runs(runs_file)))
             with open(log.with_suffix(".log"), "w") as f:
@@ -461,9 +558,10 @@ def main() -> int:
     runs = [r for r in load_runs(runs_file) if r["label"] in arms]
     metric = "val/loss" if args.suite == "gpt" else "val/acc"
     op = "<=" if args.suite == "gpt" else ">="
-    write_report(runs, arms, Target.parse(f"{metric}{op}@first-worst"), out_dir,
-                            f"hasten, the {'HF Trainer' if args.suite == 'gpt' else 'Lightning'} and both together: "
-                            f"{args.suite}", command)
+    title = {"gpt": "hasten, the HF Trainer and both together: gpt",
+             "cifar": "hasten, Lightning and both together: cifar",
+             "resnet": "a user's ResNet: plain Lightning with bf16 and channels-last against hasten's recipe of it"}[args.suite]
+    write_report(runs, arms, Target.parse(f"{metric}{op}@first-worst"), out_dir, title, command)
     steps = {}
     for r in runs:
         f = r.get("final") or {}
