@@ -236,7 +236,13 @@ def _algorithms_under(tmp_path, parallel: str) -> dict:
                               env={**env, "RANK": str(r), "LOCAL_RANK": str(r), "WORLD_SIZE": "2", "JOB_PARALLEL": parallel,
                                    "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)},
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for r in range(2)]
-    logs = [p.communicate(timeout=300)[0] for p in procs]
+    try:
+        logs = [p.communicate(timeout=300)[0] for p in procs]
+    except subprocess.TimeoutExpired:
+        for p in procs:   # never leave a rank behind; show where each one was
+            p.kill()
+        logs = [p.communicate()[0] for p in procs]
+        pytest.fail("a rank hung:\n" + "\n".join(f"--- rank {r}\n{log}" for r, log in enumerate(logs)))
     assert all(p.returncode == 0 for p in procs), "\n".join(logs)
     return json.loads(out.read_text())
 

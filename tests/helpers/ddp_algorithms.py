@@ -110,6 +110,8 @@ def main(out):
 
 
 if __name__ == "__main__":
+    import faulthandler
+    faulthandler.dump_traceback_later(240, exit=True)   # a rank that hangs shows where, before the test's deadline
     main(sys.argv[1])
     from hasten.runtime import leave_worker
     leave_worker(0)   # as hasten's own workers do: no interpreter finalisation under torchrun
