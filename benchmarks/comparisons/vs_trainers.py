@@ -77,7 +77,7 @@ from hasten.provenance import code_version, run_provenance  # noqa: E402
 
 ARMS = {"gpt": ["hf", "hf-documented", "hasten", "hasten-fast", "hf+hasten"],
         "cifar": ["lightning-cl", "lightning", "hasten", "hasten-fast", "lightning+hasten"],
-        "resnet": ["lightning-cl", "hasten", "hasten-tuned"]}
+        "resnet": ["lightning-cl", "hasten", "hasten-tuned", "hasten-methods"]}
 AS_DOCUMENTED = {"hf-documented"}   # arms under glibc's allocator defaults; every other arm under hasten's settings
 GPT = dict(n_layer=4, n_head=4, n_embd=256, n_positions=256, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
 BLOCK, BATCH, EVAL_TOKENS = 256, 16, 131072
@@ -407,11 +407,12 @@ def run_cifar(arm: str, seed: int, out, epochs: int, every: int, data_path: str 
 RESNET_RECIPE = Path(__file__).parent / "recipes" / "user-resnet.yaml"
 
 
-def run_resnet(arm: str, seed: int, out, epochs: int, every: int, data_path: str | None, tuned: str | None):
+def run_resnet(arm: str, seed: int, out, epochs: int, every: int, data_path: str | None, tuned: str | None,
+               methods: str | None = None):
     """The user's ResNet and data (user_resnet.py) in plain Lightning with the two flags a user
     sets by hand (bf16-mixed where the CPU has bf16 hardware, channels-last), against hasten's
-    recipe of it as written (`hasten`) and as `hasten tune --methods` handed it over
-    (`hasten-tuned`, the tuned.yaml given by --recipe)."""
+    recipe of it as written (`hasten`), as `hasten tune` handed it over (`hasten-tuned`, the
+    tuned.yaml given by --recipe), and with a method on top (`hasten-methods`, --methods-recipe)."""
     from benchmarks.comparisons.user_resnet import ResNet, loaders
     from hasten.config import load_recipe
     written = load_recipe(str(RESNET_RECIPE))
@@ -470,7 +471,9 @@ def run_resnet(arm: str, seed: int, out, epochs: int, every: int, data_path: str
                     {"precision": precision, "lightning": {"precision": precision, "channels_last": True, "num_workers": 1}})
         return
     from hasten.build import build_run
-    recipe = str(RESNET_RECIPE) if arm == "hasten" else tuned
+    recipe = {"hasten": str(RESNET_RECIPE), "hasten-tuned": tuned, "hasten-methods": methods}[arm]
+    if not recipe:
+        raise SystemExit(f"vs_trainers resnet: the {arm} arm needs its recipe (--recipe, --methods-recipe)")
     r = load_recipe(recipe)
     if "ema" in r.algorithms:
         raise SystemExit("vs_trainers resnet: the clock scores the trained weights; a recipe with EMA needs its average scored")
@@ -498,7 +501,7 @@ def run_child(args) -> int:
         if args.suite == "gpt":
             run_gpt(args.arm, args.seed, out, args.steps, args.fast_steps, args.every)
         elif args.suite == "resnet":
-            run_resnet(args.arm, args.seed, out, args.epochs, args.every, args.data, args.recipe)
+            run_resnet(args.arm, args.seed, out, args.epochs, args.every, args.data, args.recipe, args.methods_recipe)
         else:
             run_cifar(args.arm, args.seed, out, args.epochs, args.every, args.data)
     return 0
@@ -515,6 +518,7 @@ def main() -> int:
     p.add_argument("--data", default=None, help="cifar: the CIFAR-10 archive or folder (default: downloaded)")
     p.add_argument("--arms", default=None, help="comma-separated subset of the arms")
     p.add_argument("--recipe", default=None, help="resnet: the tuned recipe of the hasten-tuned arm (tune's tuned.yaml)")
+    p.add_argument("--methods-recipe", default=None, help="resnet: the recipe of the hasten-methods arm")
     p.add_argument("--name", default=None)
     p.add_argument("--child", nargs=3, metavar=("ARM", "SEED", "OUT"), help=argparse.SUPPRESS)
     args = p.parse_args()
@@ -541,6 +545,8 @@ def main() -> int:
                 child += ["--data", args.data]
             if args.recipe:
                 child += ["--recipe", args.recipe]
+            if args.methods_recipe:
+                child += ["--methods-recipe", args.methods_recipe]
             env = glibc_env() if arm in AS_DOCUMENTED else {**glibc_env(), **hasten_malloc()}
             provenance = run_provenance(out_dir.name, len(load_runs(runs_file)))
             with open(log.with_suffix(".log"), "w") as f:
