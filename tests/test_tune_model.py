@@ -163,11 +163,11 @@ def _scripted(monkeypatch, screen: dict, verified: dict):
                 out["recipes"][label] = {"reached": 0, "runs": 0, "median_time_to_target_s": None,
                                          "final_metric": None, "speedup_time_to_target": {}}
                 out.setdefault("failed", []).append({"label": label, "seed": 0, "error": "hasten: error: bad override"})
-            else:
-                s = screen[label]
+            else:   # a speed-up, or (speed-up, final quality)
+                s, final = screen[label] if isinstance(screen[label], tuple) else (screen[label], 0.8)
                 out["recipes"][label] = {"reached": 1 if s else 0, "runs": 1,
                                          "median_time_to_target_s": 100.0 / s if s else None,
-                                         "final_metric": {"mean": 0.8}, "speedup_time_to_target": {}}
+                                         "final_metric": {"mean": final}, "speedup_time_to_target": {}}
         return out
     monkeypatch.setattr(methods_mod, "run_comparison", run_comparison)
     monkeypatch.setattr(methods_mod, "analyse", analyse)
@@ -224,6 +224,40 @@ def test_a_screen_that_missed_gives_its_quality_and_one_that_failed_its_error(mo
     assert rec["handed_over"] == [] and rec["verify_command"] is None
     assert "| label smoothing 0.1 | missed the target (0.8) | - | - | missed the target |" in md, md
     assert "| progressive resizing | failed: hasten: error: bad override | - | - | not measured: its run failed |" in md
+
+
+def test_a_method_that_ends_better_but_no_sooner_is_screened_again_with_a_shorter_run(monkeypatch, tmp_path):
+    """Muon on the user's ResNet ended at 73.6% against 66.8% and reached 66.0% no sooner: a
+    decaying schedule lifts quality at its end. The same method over 0.6x the run is screened."""
+    recipe = load_recipe("cifar10-baseline")
+    labels = [c.label for c in methods_mod.candidates(recipe, {"conv2d": True})]
+    screen = {lab: 0.9 for lab in labels}
+    screen.update({"Muon": (0.95, 0.85), "warm-up/stable/decay schedule": (0.9, 0.805),   # 6% better; 0.6% better
+                   "Muon, 0.6x the run": 1.6})
+    rounds = _scripted(monkeypatch, screen, {"Muon, 0.6x the run": (1.55, 1.2, 1.9, 3)})
+    from hasten.tasks import TASKS
+    rec = methods_mod.method_stage("cifar10-baseline", [], [], recipe, {"conv2d": True}, budget_s=1000, run_s=100,
+                                   samples_per_run=50_000, out=tmp_path, console=None,
+                                   quality=TASKS["image_classification"].quality)
+    assert [r[0][1:] for r in rounds] == [labels[:4], ["Muon, 0.6x the run"], ["Muon, 0.6x the run"]]
+    shorter = methods_mod._scaled(recipe.trainer.max_duration, 0.6)
+    assert rec["handed_over"] == ["Muon, 0.6x the run"] and rec["overrides"][-1] == f"trainer.max_duration={shorter}"
+    md = "\n".join(methods_mod.render(rec))
+    assert "| Muon | 0.95x | - | - | not faster |" in md and "| Muon, 0.6x the run | 1.60x | 3/3 | 1.55x [1.20, 1.90] |" in md
+
+
+def test_no_shorter_run_when_it_would_leave_no_room_to_verify(monkeypatch, tmp_path):
+    recipe = load_recipe("cifar10-baseline")
+    labels = [c.label for c in methods_mod.candidates(recipe, {"conv2d": True})]
+    screen = {lab: 0.9 for lab in labels}
+    screen["Muon"] = (0.95, 0.85)
+    rounds = _scripted(monkeypatch, screen, {})
+    from hasten.tasks import TASKS
+    rec = methods_mod.method_stage("cifar10-baseline", [], [], recipe, {"conv2d": True}, budget_s=800, run_s=100,
+                                   samples_per_run=50_000, out=tmp_path, console=None,
+                                   quality=TASKS["image_classification"].quality)
+    assert len(rounds) == 1 and rec["not_shortened"] == ["Muon, 0.6x the run"]
+    assert "not screened again with a shorter run (the budget): Muon, 0.6x the run" in "\n".join(methods_mod.render(rec))
 
 
 # ---------------------------------------------------------------------------- the user's path

@@ -12,6 +12,10 @@ and interleaved, time to target with misses counted).
 Successive halving within the budget:
 1. a screen: the systems-tuned recipe and every candidate that fits the budget, one seed each
    (seed 0); the target is the systems-tuned run's final quality;
+   A candidate that ended clearly better than the base (by more than 1% of its quality) but
+   reached the target no sooner is screened again with its schedule compressed into 0.6x the
+   run, when that leaves room to verify one: a decaying learning rate lifts quality at the end
+   of its schedule, so a method's better quality turns into time only in a shorter run;
 2. a verification: the base and the best screened candidates (those that reached the target
    sooner), two more seeds each, as many as the budget left holds; the target is then the
    base's worst final quality over its three seeds (the harness's @first-worst), and each
@@ -35,6 +39,8 @@ from ..config import Recipe
 from ..core import Time
 
 SCREEN_SHARE = 0.5   # of the method stage's budget, at most, for the one-seed screen
+SHORTER = 0.6        # a method that ends better but no sooner is screened again with its schedule in this share of the run
+CLEARLY = 0.01       # ... when its final quality is better than the base's by more than this share of it
 SYSTEMS_SHARE = 0.3   # with --methods: the systems search's share of the budget; the method stage has the rest
 
 
@@ -136,9 +142,38 @@ def method_stage(recipe_arg: str, overrides: list[str], systems: list[str], reci
                     "speedup": (base_ttt / rec["median_time_to_target_s"])
                     if base_ttt and rec["median_time_to_target_s"] else None,
                     "final": rec["final_metric"]["mean"] if rec["final_metric"] else None}
+    spent = (len(screened) + 1) * run_s
+    # A method whose run ends clearly better than the base's but reaches the target no sooner has
+    # its gain at the end of its schedule (a decaying learning rate lifts quality late): screened
+    # again with the schedule compressed into SHORTER of the run, when that leaves room to verify one.
+    base_final, shorter = record["base_screen"]["final"], _scaled(recipe.trainer.max_duration, SHORTER)
+    later = [Candidate(f"{c.label}, {SHORTER:g}x the run", c.overrides + [f"trainer.max_duration={shorter}"],
+                       f"{c.what}, its schedule in {SHORTER:g}x the steps: it ended at {c.screen['final']:.4g} against "
+                       f"the base's {base_final:.4g} and reached the target no sooner")
+             for c in screened
+             if shorter and base_final is not None and c.screen.get("final") is not None
+             and not (c.screen["speedup"] and c.screen["speedup"] > 1.0)
+             and quality.better(c.screen["final"], base_final)
+             and abs(c.screen["final"] - base_final) > CLEARLY * abs(base_final)]
+    if later and budget_s - spent - len(later) * SHORTER * run_s >= 4 * run_s:
+        lspecs = unique_labels([base] + [Spec(c.label, recipe_arg, shared + c.overrides + [f"trainer.eval_interval={every}"])
+                                         for c in later])
+        runs = run_comparison(lspecs, [0], folder, None, console, metric=quality.metric)
+        again = analyse(runs, [s.label for s in lspecs], target)
+        failed.update({f["label"]: f.get("error") or "see its log" for f in again.get("failed", [])})
+        for c, spec in zip(later, lspecs[1:]):
+            rec = again["recipes"][spec.label]
+            c.screen = {"reached": rec["reached"], "time_to_target_s": rec["median_time_to_target_s"],
+                        "failed": failed.get(spec.label),
+                        "speedup": (base_ttt / rec["median_time_to_target_s"])
+                        if base_ttt and rec["median_time_to_target_s"] else None,
+                        "final": rec["final_metric"]["mean"] if rec["final_metric"] else None}
+        cands, screened, specs = cands + later, screened + later, specs + lspecs[1:]
+        spent += len(later) * SHORTER * run_s
+    elif later:
+        record["not_shortened"] = [c.label for c in later]
     promising = sorted((c for c in screened if c.screen["speedup"] and c.screen["speedup"] > 1.0),
                        key=lambda c: -c.screen["speedup"])
-    spent = (len(screened) + 1) * run_s
     room = int((budget_s - spent) // max(2 * run_s, 1.0)) - 1   # base and each candidate: two more seeds
     verify = promising[:max(0, room)]
     if verify:
@@ -204,6 +239,9 @@ def render(record: dict) -> list[str]:
         lines += ["", f"The screen's target is the systems-tuned run's own final quality, {b['final']:.4g}"
                   + (f", which it reached in {b['time_to_target_s']:.0f} s of training." if b.get("time_to_target_s")
                      else ".")]
+    if record.get("not_shortened"):
+        lines += ["", f"Ended better but no sooner, not screened again with a shorter run (the budget): "
+                  f"{', '.join(record['not_shortened'])}."]
     if record["left_out"]:
         total = record.get("screen_all_s")
         whole = (f"; a --budget of about {math.ceil(total / (1 - SYSTEMS_SHARE) / 60)} min screens every candidate"
