@@ -209,8 +209,12 @@ def archive(folder: Path) -> None:
             report.write_text(text)
             (folder / name).unlink()
             break
-    for name in DERIVED:
-        (folder / name).unlink(missing_ok=True)
+    for name in DERIVED:   # at any depth: a tune's method stage keeps its bench runs in methods/
+        for p in folder.rglob(name):
+            p.unlink()
+    for p in sorted(folder.rglob("*"), reverse=True):   # folders the archived logs leave empty
+        if p.is_dir() and not any(p.iterdir()):
+            p.rmdir()
     commit = None
     runs = folder / "runs.jsonl"
     if runs.exists():
