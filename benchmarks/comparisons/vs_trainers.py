@@ -145,6 +145,39 @@ def clock_points(clock: Clock, due, model=None):
     return ClockPoints()
 
 
+def accuracy_on(test_x, test_y):
+    """The image arms' evaluator: top-1 accuracy on (test_x, test_y), 1,000 images at a time."""
+    def evaluate(model):
+        correct = 0
+        for i in range(0, len(test_x), 1000):
+            correct += (model(test_x[i:i + 1000]).argmax(1) == test_y[i:i + 1000]).sum().item()
+        return correct / len(test_y)
+    return evaluate
+
+
+def lightning_fit(module, loader, clock: Clock, *, epochs: int, every: int, batch: int, precision: str, seed: int,
+                  callbacks=()):
+    """A Lightning arm's fit: `clock` started with training and scored every `every` epochs,
+    Lightning's Trainer on the CPU with nothing beyond `callbacks` (no logger, checkpoints,
+    progress bar or sanity check); returns the Trainer."""
+    import lightning as L
+
+    class Points(L.Callback):
+        def on_train_start(self, trainer, module):
+            clock.start()
+
+        def on_train_epoch_end(self, trainer, module):
+            if (trainer.current_epoch + 1) % every == 0:
+                clock.point(module, trainer.global_step, trainer.global_step * batch)
+
+    L.seed_everything(seed, verbose=False)
+    trainer = L.Trainer(max_epochs=epochs, accelerator="cpu", devices=1, precision=precision, logger=False,
+                        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                        callbacks=[*callbacks, Points()], num_sanity_val_steps=0)
+    trainer.fit(module, loader)
+    return trainer
+
+
 # ---------------------------------------------------------------------------- gpt
 def gpt_data():
     from hasten.data.corpus import tokenized_corpus
@@ -308,13 +341,7 @@ def run_cifar(arm: str, seed: int, out, epochs: int, every: int, data_path: str 
     test_y = data.test_y
     precision = "bf16-mixed" if bf16_hardware() else "fp32"
 
-    def evaluate(model):
-        correct = 0
-        for i in range(0, len(test_x), 1000):
-            correct += (model(test_x[i:i + 1000]).argmax(1) == test_y[i:i + 1000]).sum().item()
-        return correct / len(test_y)
-
-    clock = Clock(out, evaluate, "val/acc")
+    clock = Clock(out, accuracy_on(test_x, test_y), "val/acc")
     extra = {"precision": precision}
     if arm.startswith("lightning"):
         import lightning as L
@@ -350,26 +377,15 @@ def run_cifar(arm: str, seed: int, out, epochs: int, every: int, data_path: str 
                 opt, sched = cifar_optimizer(self, steps_per_epoch, epochs)
                 return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
 
-        class Points(L.Callback):
-            def on_train_start(self, trainer, module):
-                clock.start()
-
-            def on_train_epoch_end(self, trainer, module):
-                if (trainer.current_epoch + 1) % every == 0:
-                    clock.point(module, trainer.global_step, trainer.global_step * CIFAR_BATCH)
-
-        callbacks = [Points()]
+        callbacks = []
         if algorithms:
             from hasten.integrations.lightning import HastenCallback
-            callbacks.insert(0, HastenCallback(algorithms, seed=seed))
-        L.seed_everything(seed, verbose=False)
-        trainer = L.Trainer(max_epochs=epochs, accelerator="cpu", devices=1, precision=precision, logger=False,
-                            enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-                            callbacks=callbacks, num_sanity_val_steps=0)
+            callbacks.append(HastenCallback(algorithms, seed=seed))
         extra["lightning"] = {"precision": precision, "num_workers": 1, "persistent_workers": True,
                               "compile": False, "channels_last": channels_last,
                               "algorithms": [a.name for a in algorithms]}
-        trainer.fit(Module(), loader)
+        trainer = lightning_fit(Module(), loader, clock, epochs=epochs, every=every, batch=CIFAR_BATCH,
+                                precision=precision, seed=seed, callbacks=callbacks)
         clock.final(trainer.global_step, trainer.global_step * CIFAR_BATCH, 0, extra)
         return
     if arm == "hasten":   # the Lightning arm's network, pipeline and training in hasten's Trainer
@@ -420,13 +436,7 @@ def run_resnet(arm: str, seed: int, out, epochs: int, every: int, data_path: str
     test_x, test_y = test.tensors
     batch, lr, wd = written.data.batch_size, written.optimizer.lr, written.optimizer.weight_decay
 
-    def evaluate(model):
-        correct = 0
-        for i in range(0, len(test_x), 1000):
-            correct += (model(test_x[i:i + 1000]).argmax(1) == test_y[i:i + 1000]).sum().item()
-        return correct / len(test_y)
-
-    clock = Clock(out, evaluate, "val/acc")
+    clock = Clock(out, accuracy_on(test_x, test_y), "val/acc")
     precision = "bf16-mixed" if bf16_hardware() else "fp32"
     if arm == "lightning-cl":
         import lightning as L
@@ -454,19 +464,8 @@ def run_resnet(arm: str, seed: int, out, epochs: int, every: int, data_path: str
                 return {"optimizer": opt, "lr_scheduler": {"scheduler": torch.optim.lr_scheduler.LambdaLR(opt, f),
                                                            "interval": "step"}}
 
-        class Points(L.Callback):
-            def on_train_start(self, trainer, module):
-                clock.start()
-
-            def on_train_epoch_end(self, trainer, module):
-                if (trainer.current_epoch + 1) % every == 0:
-                    clock.point(module, trainer.global_step, trainer.global_step * batch)
-
-        L.seed_everything(seed, verbose=False)
-        trainer = L.Trainer(max_epochs=epochs, accelerator="cpu", devices=1, precision=precision, logger=False,
-                            enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-                            callbacks=[Points()], num_sanity_val_steps=0)
-        trainer.fit(Module(), loader)
+        trainer = lightning_fit(Module(), loader, clock, epochs=epochs, every=every, batch=batch,
+                                precision=precision, seed=seed)
         clock.final(trainer.global_step, trainer.global_step * batch, 0,
                     {"precision": precision, "lightning": {"precision": precision, "channels_last": True, "num_workers": 1}})
         return
