@@ -22,7 +22,7 @@ def test_each_training_image_is_a_padded_crop_of_its_image_flipped_or_not():
         assert x.shape == (3, 32, 32) and int(y) == i
         raw = x * STD + MEAN   # back to 0..1
         padded = F.pad(images[i].permute(2, 0, 1).float() / 255, (4, 4, 4, 4))
-        crops = [c for dy in range(9) for dx in range(9) for c in (padded[:, dy:dy + 32, dx:dx + 32],)]
+        crops = [padded[:, dy:dy + 32, dx:dx + 32] for dy in range(9) for dx in range(9)]
         assert any(torch.allclose(raw, c, atol=1e-5) or torch.allclose(raw, c.flip(2), atol=1e-5) for c in crops)
 
 

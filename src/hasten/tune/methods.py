@@ -124,24 +124,32 @@ def method_stage(recipe_arg: str, overrides: list[str], systems: list[str], reci
         record["why"] = (f"the budget ({budget_s / 60:.0f} min) holds no screen: a run takes about {run_s / 60:.1f} "
                          "min; give a larger --budget")
         return record
-    specs = unique_labels([base] + [Spec(c.label, recipe_arg, shared + c.overrides + [f"trainer.eval_interval={every}"])
-                                    for c in screened])
     folder = out / "methods"
     target = Target(quality.metric, quality.op, None, True, "worst")
-    runs = run_comparison(specs, [0], folder, None, console, metric=quality.metric)
-    first = analyse(runs, [s.label for s in specs], target)
+
+    def screen(group: list[Candidate]) -> tuple[list[Spec], dict]:
+        """Seed 0 of the base (run once; a later call reuses it) and of each of `group`, whose
+        screens are filled in; returns the group's specs and the analysis."""
+        gspecs = unique_labels([base] + [Spec(c.label, recipe_arg, shared + c.overrides
+                                              + [f"trainer.eval_interval={every}"]) for c in group])
+        result = analyse(run_comparison(gspecs, [0], folder, None, console, metric=quality.metric),
+                         [s.label for s in gspecs], target)
+        base_ttt = result["recipes"][base.label]["median_time_to_target_s"]
+        failed = {f["label"]: f.get("error") or "see its log" for f in result.get("failed", [])}
+        for c, spec in zip(group, gspecs[1:]):
+            rec = result["recipes"][spec.label]
+            c.screen = {"reached": rec["reached"], "time_to_target_s": rec["median_time_to_target_s"],
+                        "failed": failed.get(spec.label),
+                        "speedup": (base_ttt / rec["median_time_to_target_s"])
+                        if base_ttt and rec["median_time_to_target_s"] else None,
+                        "final": rec["final_metric"]["mean"] if rec["final_metric"] else None}
+        return gspecs[1:], result
+
+    cand_specs, first = screen(screened)
+    specs = [base] + cand_specs
     base_rec = first["recipes"][base.label]
-    base_ttt = base_rec["median_time_to_target_s"]
     record["base_screen"] = {"final": base_rec["final_metric"]["mean"] if base_rec["final_metric"] else None,
-                             "time_to_target_s": base_ttt}
-    failed = {f["label"]: f.get("error") or "see its log" for f in first.get("failed", [])}
-    for c, spec in zip(screened, specs[1:]):
-        rec = first["recipes"][spec.label]
-        c.screen = {"reached": rec["reached"], "time_to_target_s": rec["median_time_to_target_s"],
-                    "failed": failed.get(spec.label),
-                    "speedup": (base_ttt / rec["median_time_to_target_s"])
-                    if base_ttt and rec["median_time_to_target_s"] else None,
-                    "final": rec["final_metric"]["mean"] if rec["final_metric"] else None}
+                             "time_to_target_s": base_rec["median_time_to_target_s"]}
     spent = (len(screened) + 1) * run_s
     # A method whose run ends clearly better than the base's but reaches the target no sooner has
     # its gain at the end of its schedule (a decaying learning rate lifts quality late): screened
@@ -156,19 +164,7 @@ def method_stage(recipe_arg: str, overrides: list[str], systems: list[str], reci
              and quality.better(c.screen["final"], base_final)
              and abs(c.screen["final"] - base_final) > CLEARLY * abs(base_final)]
     if later and budget_s - spent - len(later) * SHORTER * run_s >= 4 * run_s:
-        lspecs = unique_labels([base] + [Spec(c.label, recipe_arg, shared + c.overrides + [f"trainer.eval_interval={every}"])
-                                         for c in later])
-        runs = run_comparison(lspecs, [0], folder, None, console, metric=quality.metric)
-        again = analyse(runs, [s.label for s in lspecs], target)
-        failed.update({f["label"]: f.get("error") or "see its log" for f in again.get("failed", [])})
-        for c, spec in zip(later, lspecs[1:]):
-            rec = again["recipes"][spec.label]
-            c.screen = {"reached": rec["reached"], "time_to_target_s": rec["median_time_to_target_s"],
-                        "failed": failed.get(spec.label),
-                        "speedup": (base_ttt / rec["median_time_to_target_s"])
-                        if base_ttt and rec["median_time_to_target_s"] else None,
-                        "final": rec["final_metric"]["mean"] if rec["final_metric"] else None}
-        cands, screened, specs = cands + later, screened + later, specs + lspecs[1:]
+        cands, screened, specs = cands + later, screened + later, specs + screen(later)[0]
         spent += len(later) * SHORTER * run_s
     elif later:
         record["not_shortened"] = [c.label for c in later]
