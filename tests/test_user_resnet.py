@@ -41,3 +41,12 @@ def test_the_recipe_trains_the_users_model_from_its_factory(tmp_path, monkeypatc
                "trainer.max_duration=2ba", "trainer.eval_interval=2ba", f"trainer.run_dir={tmp_path / 'run'}",
                "trainer.progress_bar=false", "trainer.tensorboard=false"])
     assert rc == 0
+
+
+def test_vs_trainers_refuses_a_run_too_short_for_its_warm_up_in_one_line():
+    import subprocess
+    import sys
+    r = subprocess.run([sys.executable, "-m", "benchmarks.comparisons.vs_trainers", "resnet", "--epochs", "1"],
+                       cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert "--epochs 1" in r.stderr and "2 or more" in r.stderr

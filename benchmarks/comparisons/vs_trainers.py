@@ -524,6 +524,8 @@ def main() -> int:
     if args.child:
         args.arm, args.seed, args.out_file = args.child[0], int(args.child[1]), args.child[2]
         return run_child(args)
+    if args.suite in ("cifar", "resnet") and args.epochs < 2:
+        p.error(f"--epochs {args.epochs}: the cifar and resnet arms warm up for one epoch and then decay; give 2 or more")
     arms = args.arms.split(",") if args.arms else ARMS[args.suite]
     out_dir = result_folder(args.name or args.suite, "trainers")
     (out_dir / "logs").mkdir(parents=True, exist_ok=True)
