@@ -75,6 +75,53 @@ def test_the_stages_follow_the_model_built_through_every_task_alias(user_model, 
         assert not options and why == "the model built (MyMLP) has no 2-D convolutions"
 
 
+SLOW_DATA = textwrap.dedent("""
+    import time
+    import torch
+
+    class Slow(torch.utils.data.Dataset):   # a user's Dataset whose per-sample work is CPU-bound
+        def __len__(self):
+            return 256
+
+        def __getitem__(self, i):
+            t = time.process_time()
+            while time.process_time() - t < 0.004:
+                pass
+            return torch.zeros(3, 8, 8), i % 10
+
+    def make():
+        return Slow(), Slow()
+""")
+
+
+@pytest.mark.parametrize("workers", [0, 1])
+def test_a_trial_measures_the_cores_its_loader_workers_keep_busy(user_model, workers):
+    from hasten.tune.worker import main
+    (user_model / "slowdata.py").write_text(SLOW_DATA)
+    (user_model / "r.yaml").write_text("task: classification\nmodel: {name: 'byom:MyResNet'}\n"
+                                       f"data: {{factory: 'slowdata:make', num_classes: 10, batch_size: 8, num_workers: {workers}}}\n"
+                                       "trainer: {max_duration: 4ba, tensorboard: false}\n")
+    spec = {"label": "as written", "recipe": str(user_model / "r.yaml"), "overrides": [],
+            "run_dir": str(user_model / "run"), "warmup": 2, "steps": 12, "min_seconds": 0.0, "max_steps": 14}
+    (user_model / "spec.json").write_text(json.dumps(spec))
+    main(str(user_model / "spec.json"), str(user_model / "out.json"))
+    out = json.loads((user_model / "out.json").read_text())
+    assert out["status"] == "ok", out
+    if workers:   # the worker spins 32 ms a batch for a step of a few ms: it is busy most of the window
+        assert out["loader_cores"] > 0.25, out["loader_cores"]
+    else:
+        assert out["loader_cores"] == 0.0
+
+
+def test_the_report_points_to_loader_workers_that_take_the_steps_cores():
+    from hasten.tune.report import loader_lines
+    row = {"stage": "threads", "option": "2 threads", "chosen": True, "loader_cores": 0.9}
+    lines = loader_lines({"machine": {"cores": 2}, "table": [row]})
+    assert "kept 0.90 of the 2 cores busy" in "".join(lines)
+    assert loader_lines({"machine": {"cores": 2}, "table": [{**row, "loader_cores": 0.1}]}) == []
+    assert loader_lines({"machine": {"cores": 2}, "table": [{**row, "chosen": False}]}) == []
+
+
 def test_a_factory_skips_the_loader_stage_saying_why():
     recipe = load_recipe("cifar10-baseline", ["data.factory=pkg:make"])
     plan = {name: (options, why) for name, options, why in stages(recipe, {"conv2d": True, "loader": "DataLoader"})}

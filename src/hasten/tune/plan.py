@@ -215,6 +215,13 @@ def data_wait(trial: "Trial") -> "float | None":
     return statistics.median(shares) if shares else None
 
 
+def loader_cores(trial: "Trial") -> "float | None":
+    """The median number of cores a trial's loader workers kept busy while its steps were
+    measured (0.0: no worker processes; None: not measured)."""
+    cores = [r["loader_cores"] for r in trial.results if r.get("status") == "ok" and r.get("loader_cores") is not None]
+    return statistics.median(cores) if cores else None
+
+
 CACHE_KEYS = {"date": str, "recipe": str, "machine": dict, "table": list, "overrides": list, "tuned_overrides": list}
 
 

@@ -37,6 +37,23 @@ def _fmt_tp(tp: dict | None) -> str:
     return f"{tp['samples_per_s']:,.1f} [{tp['low']:,.1f}, {tp['high']:,.1f}]"
 
 
+LOADER_HEAVY = 0.25   # the share of the cores a loader's workers may keep busy before the report points to it
+
+
+def loader_lines(result: dict) -> list[str]:
+    """One line when the chosen settings' loader workers kept a large share of the cores busy:
+    per-sample work in the Dataset competes with the step, which its waiting time does not show."""
+    cores = result["machine"].get("cores") or 1
+    chosen = [r for r in result["table"] if r.get("chosen") and r.get("loader_cores") is not None]
+    if not chosen or chosen[-1]["loader_cores"] < LOADER_HEAVY * cores:   # the last stage's: every choice made
+        return []
+    return ["", f"The loader's workers kept {chosen[-1]['loader_cores']:.2f} of the {cores} cores busy under the "
+            "chosen settings: the "
+            "Dataset's per-sample work (decoding, augmentation, seeding) takes those cores from the step. Batched "
+            "augmentation on the step's side (data.loader=device for hasten's datasets), decoded samples kept in "
+            "memory, or fewer step threads (the threads stage) give them back."]
+
+
 def render(result: dict) -> str:
     m = result["machine"]
     lines = [f"# hasten tune: {result['recipe']}", "",
@@ -46,15 +63,19 @@ def render(result: dict) -> str:
              + (f", {m['gpu']}" if m.get("gpu") else "") + f", torch {m['torch']}; measured {result['date']}, "
              f"{result['spent_s'] / 60:.1f} of {result['budget_s'] / 60:.0f} minutes."
              + (f" Code: {describe(result['code'])}." if result.get("code") else ""), "",
-             "| stage | option | samples/s [95% interval] | waiting for data | first-step extra s | chosen | miss |",
-             "|---|---|---|---|---|---|---|"]
+             "| stage | option | samples/s [95% interval] | waiting for data | loader workers, cores | "
+             "first-step extra s | chosen | miss |",
+             "|---|---|---|---|---|---|---|---|"]
     for r in result["table"]:
         extra = f"{r['first_step_extra_s']:.1f}" if r.get("first_step_extra_s") is not None else "-"
         wait = f"{100 * r['data_wait']:.0f}%" if r.get("data_wait") is not None else "-"
-        lines.append(f"| {r['stage']} | {r['option']} | {_fmt_tp(r['throughput'])} | {wait} | {extra} | "
+        workers = f"{r['loader_cores']:.2f}" if r.get("loader_cores") is not None else "-"
+        lines.append(f"| {r['stage']} | {r['option']} | {_fmt_tp(r['throughput'])} | {wait} | {workers} | {extra} | "
                      f"{'**yes**' if r.get('chosen') else ''} | {r.get('miss') or ''} |")
     lines += ["", "Waiting for data: the share of a trial's training time its steps spent getting their batch (the "
-              "loader is the bottleneck when it is large)."]
+              "loader is the bottleneck when it is large). Loader workers: the cores the loader's worker processes "
+              "kept busy meanwhile, taken from the step's (a loader can keep up and still slow the step)."]
+    lines += loader_lines(result)
     if result["skipped"]:
         lines += [""] + [f"- {s['stage']}: not searched: {s['why']}" for s in result["skipped"]]
     if result.get("shortened"):

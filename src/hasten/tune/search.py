@@ -82,7 +82,7 @@ from ..processes import spawn, stop
 from ..provenance import code_version
 from ..registry import TASKS
 from .plan import (BATCH_STATS, GUARDED, KEYS, Option, Trial, _default, cache_path, data_wait, first_step_extra,
-                   machine_key, read_cache, round_medians, stages, throughput)
+                   loader_cores, machine_key, read_cache, round_medians, stages, throughput)
 from .methods import SYSTEMS_SHARE, method_stage
 from .report import REPORT_FILES, report_outputs, write
 
@@ -266,7 +266,7 @@ class Tuner:
                     rows.append({"stage": name, "option": tr.option.label, "overrides": tr.option.overrides,
                                  "throughput": tp, "first_step_extra_s": first_step_extra(tr) if ok else None,
                                  "round_step_s": round_medians(tr), "miss": tr.failure,
-                                 "data_wait": data_wait(tr)})
+                                 "data_wait": data_wait(tr), "loader_cores": loader_cores(tr)})
                 winner = self._choose(trials, rows, self.run_steps(trials))
                 for row in rows:
                     row["chosen"] = row["option"] == winner.option.label

@@ -35,18 +35,24 @@ def model_facts(model, loader) -> dict:
             "loader": type(loader).__name__, "device_loader": type(loader).__name__ == "DeviceLoader"}
 
 
-def _cpu_ticks() -> "tuple[int, int] | None":
-    """(every core's busy ticks, this process tree's ticks) now, from /proc (Linux); None elsewhere."""
+def _cpu_ticks() -> "tuple[int, int, int] | None":
+    """(every core's busy ticks, this process tree's ticks, its descendants' ticks) now, from
+    /proc (Linux); None elsewhere. The descendants are the loader's worker processes."""
     try:
         with open("/proc/stat") as f:
             fields = [int(x) for x in f.readline().split()[1:]]
         busy = sum(fields) - fields[3] - (fields[4] if len(fields) > 4 else 0)   # less idle and iowait
-        mine, pids = 0, _tree(os.getpid())
-        for pid in pids:
-            with open(f"/proc/{pid}/stat") as f:
-                parts = f.read().rsplit(")", 1)[1].split()
-            mine += int(parts[11]) + int(parts[12])   # utime, stime
-        return busy, mine
+        me, mine, workers = os.getpid(), 0, 0
+        for pid in _tree(me):
+            try:
+                with open(f"/proc/{pid}/stat") as f:
+                    parts = f.read().rsplit(")", 1)[1].split()
+            except OSError:   # a worker that ended since the listing
+                continue
+            ticks = int(parts[11]) + int(parts[12])   # utime, stime
+            mine += ticks
+            workers += ticks if pid != me else 0
+        return busy, mine, workers
     except (OSError, ValueError, IndexError):
         return None
 
@@ -82,6 +88,7 @@ class StepTimes(Callback):
         self._last = time.perf_counter()
         self._ticks = self._wall = None
         self.others_share = None   # other processes' share of the cores while the measured steps ran
+        self.loader_cores = None   # the cores the loader's worker processes kept busy meanwhile
 
     def batch_end(self, state, logger):
         sync = state.runtime.device_synchronize
@@ -103,6 +110,7 @@ class StepTimes(Callback):
                 hz, cores = os.sysconf("SC_CLK_TCK"), os.cpu_count() or 1
                 others = (end[0] - self._ticks[0]) - (end[1] - self._ticks[1])
                 self.others_share = max(0.0, others / hz / ((now - self._wall) * cores))
+                self.loader_cores = max(0, end[2] - self._ticks[2]) / hz / (now - self._wall)
 
 
 def main(spec_path: str, out_path: str) -> int:
@@ -130,7 +138,7 @@ def main(spec_path: str, out_path: str) -> int:
                       steps_per_epoch=run.trainer.state.steps_per_epoch,
                       batch_norm=has_batch_norm(run.trainer.state.model), data_wait=run.trainer.state.data_wait,
                       facts=model_facts(run.trainer.state.model, run.trainer.state.train_dataloader),
-                      others_share=timer.others_share,
+                      others_share=timer.others_share, loader_cores=timer.loader_cores,
                       tokens_per_step=(ts.token / ts.batch) if (ts := run.trainer.state.timestamp).batch else None)
         if profile is not None and profile.result is not None:
             r = profile.result
