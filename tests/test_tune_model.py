@@ -4,6 +4,9 @@ method stage's selection rule; and the user's path made explicit (a factory's da
 augmentation that resumes exactly, an average judged on a host's validation, micro-batching
 under batch norm, the profile's advice)."""
 import json
+import os
+import subprocess
+import sys
 import textwrap
 from pathlib import Path
 
@@ -96,7 +99,6 @@ SLOW_DATA = textwrap.dedent("""
 
 @pytest.mark.parametrize("workers", [0, 1])
 def test_a_trial_measures_the_cores_its_loader_workers_keep_busy(user_model, workers):
-    from hasten.tune.worker import main
     (user_model / "slowdata.py").write_text(SLOW_DATA)
     (user_model / "r.yaml").write_text("task: classification\nmodel: {name: 'byom:MyResNet'}\n"
                                        f"data: {{factory: 'slowdata:make', num_classes: 10, batch_size: 8, num_workers: {workers}}}\n"
@@ -104,7 +106,10 @@ def test_a_trial_measures_the_cores_its_loader_workers_keep_busy(user_model, wor
     spec = {"label": "as written", "recipe": str(user_model / "r.yaml"), "overrides": [],
             "run_dir": str(user_model / "run"), "warmup": 2, "steps": 12, "min_seconds": 0.0, "max_steps": 14}
     (user_model / "spec.json").write_text(json.dumps(spec))
-    main(str(user_model / "spec.json"), str(user_model / "out.json"))
+    # in its own process, as the tune runs it: the trial's descendants are then only its loader's workers
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(user_model), os.environ.get("PYTHONPATH", "")])}
+    subprocess.run([sys.executable, "-m", "hasten.tune.worker", str(user_model / "spec.json"),
+                    str(user_model / "out.json")], cwd=user_model, env=env, check=True, timeout=300)
     out = json.loads((user_model / "out.json").read_text())
     assert out["status"] == "ok", out
     if workers:   # the worker spins 32 ms a batch for a step of a few ms: it is busy most of the window
