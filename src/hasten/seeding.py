@@ -10,10 +10,17 @@ import numpy as np
 import torch
 
 
-def seed_everything(seed: int) -> None:
-    """Seed Python's, NumPy's and torch's global generators."""
+def seed_host_generators(seed: int) -> None:
+    """Seed Python's, NumPy's and torch's CPU generator: about 10 us, cheap enough per sample
+    (torch.manual_seed also visits every device backend, about 90 us)."""
     random.seed(seed)
     np.random.seed(seed % 2**32)
+    torch.default_generator.manual_seed(seed)
+
+
+def seed_everything(seed: int) -> None:
+    """Seed Python's, NumPy's and torch's global generators, the devices' included."""
+    seed_host_generators(seed)
     torch.manual_seed(seed)
 
 

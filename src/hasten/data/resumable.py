@@ -23,7 +23,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
-from ..seeding import derive_seed
+from ..seeding import derive_seed, seed_host_generators
 from .batches import index_batch, share_range
 
 
@@ -201,15 +201,11 @@ def _seeded_item(base, seed: int, epoch: int, i: int):
     seeding the CPU generator alone and skipping the put-back in workers takes about 10 us."""
     s = derive_seed(seed, epoch, i)
     if torch.utils.data.get_worker_info() is not None:
-        torch.default_generator.manual_seed(s)
-        random.seed(s)
-        np.random.seed(s % 2**32)
+        seed_host_generators(s)
         return base[i]
     py, np_state = random.getstate(), np.random.get_state()
     with torch.random.fork_rng(devices=[]):
-        torch.default_generator.manual_seed(s)
-        random.seed(s)
-        np.random.seed(s % 2**32)
+        seed_host_generators(s)
         try:
             return base[i]
         finally:
