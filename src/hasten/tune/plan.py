@@ -209,17 +209,21 @@ def cache_path(recipe_arg: str, overrides: list[str], recipe: Recipe, min_gain: 
     return data_root() / "tune" / f"{recipe.name}-{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
 
 
+def _median_of(trial: "Trial", key: str) -> "float | None":
+    """The median of `key` over a trial's runs that measured it (None: none did)."""
+    values = [r[key] for r in trial.results if r.get("status") == "ok" and r.get(key) is not None]
+    return statistics.median(values) if values else None
+
+
 def data_wait(trial: "Trial") -> "float | None":
     """The median share of a trial's training time spent waiting for batches (None: not measured)."""
-    shares = [r["data_wait"] for r in trial.results if r.get("status") == "ok" and r.get("data_wait") is not None]
-    return statistics.median(shares) if shares else None
+    return _median_of(trial, "data_wait")
 
 
 def loader_cores(trial: "Trial") -> "float | None":
     """The median number of cores a trial's loader workers kept busy while its steps were
     measured (0.0: no worker processes; None: not measured)."""
-    cores = [r["loader_cores"] for r in trial.results if r.get("status") == "ok" and r.get("loader_cores") is not None]
-    return statistics.median(cores) if cores else None
+    return _median_of(trial, "loader_cores")
 
 
 CACHE_KEYS = {"date": str, "recipe": str, "machine": dict, "table": list, "overrides": list, "tuned_overrides": list}
