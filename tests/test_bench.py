@@ -305,6 +305,37 @@ def test_records_and_reports_name_the_code_that_ran(tmp_path):
     assert describe(None).startswith("code not recorded")
 
 
+def test_a_checkout_is_dirty_for_changed_code_not_for_its_results_record(tmp_path):
+    """A measurement appends to the results record while it runs: that is not uncommitted code."""
+    import subprocess
+
+    from hasten.provenance import tree_dirty
+
+    def git(*args):
+        subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@example.com", *args], cwd=tmp_path,
+                       check=True, capture_output=True)
+
+    files = {"src/hasten/a.py": "x = 1\n", "benchmarks/results/vision/r/runs.jsonl": "{}\n",
+             "docs/results/vision.md": "# r\n", "docs/guide.md": "# g\n"}
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    git("init", "-q")
+    git("add", ".")
+    git("commit", "-qm", "c")
+    assert tree_dirty(tmp_path / "src") is False
+    (tmp_path / "benchmarks/results/vision/r/runs.jsonl").write_text("{}\n{}\n")
+    (tmp_path / "docs/results/vision.md").write_text("# r, more\n")
+    (tmp_path / "src/new.py").write_text("untracked = True\n")
+    assert tree_dirty(tmp_path / "src") is False      # the record grew; no tracked code changed
+    (tmp_path / "docs/guide.md").write_text("# g, edited\n")
+    assert tree_dirty(tmp_path) is True
+    git("checkout", "docs/guide.md")
+    (tmp_path / "src/hasten/a.py").write_text("x = 2\n")
+    assert tree_dirty(tmp_path / "benchmarks") is True
+    assert tree_dirty(tmp_path / "no-such-folder") is None
+
+
 def test_the_order_sentence_is_derived_from_the_records_provenance():
     """A report says 'alternating', 'first ... then', or 'copied from' from the records' start
     times and the comparison they were made for, never from the harness's intentions."""

@@ -211,7 +211,7 @@ def pareto(points: list[tuple[float, float]]) -> list[int]:
 
 
 def report(args) -> None:
-    from benchmarks.tools.common import git_commit, git_dirty, machine
+    from benchmarks.tools.common import REPO, git_commit, machine, tree_dirty
     data = collect(args)
     rows = _summary(data)
     timed = [r for r in rows if r["batch1_ms"]]
@@ -227,7 +227,7 @@ def report(args) -> None:
     m = machine()
     lines += [f"Machine: {m['cpu']} ({', '.join(m.get('cpu_features', []))}), {m['cores']} cores, torch {m['torch']}; "
               f"report at commit {git_commit()}"
-              f"{' (with uncommitted changes)' if git_dirty() else ''}.", "", "## Training under one budget", "",
+              f"{' (with uncommitted changes)' if tree_dirty(REPO) else ''}.", "", "## Training under one budget", "",
               "| size | width x layers | parameters | seeds | steps (mean) | val/loss at the end: mean ± sd (min-max) |",
               "|---|---|---|---|---|---|"]
     params = {r["size"]: r["parameters"] for r in rows if r["variant"] == "dense"}
@@ -260,7 +260,7 @@ def report(args) -> None:
     out = ROOT / "benchmarks" / "results"
     out.mkdir(parents=True, exist_ok=True)
     (out / f"{args.name}.md").write_text(md)
-    (out / f"{args.name}.json").write_text(json.dumps({"commit": git_commit(), "dirty": git_dirty(), "machine": m,
+    (out / f"{args.name}.json").write_text(json.dumps({"commit": git_commit(), "dirty": tree_dirty(REPO), "machine": m,
                                                        "sizes": SIZES, "variants": VARIANTS, "finetune": FINETUNE,
                                                        **data, "summary": rows, "pareto": front}, indent=1))
     print(md)

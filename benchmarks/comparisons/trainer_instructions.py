@@ -92,10 +92,10 @@ def main() -> None:
     with ThreadPoolExecutor(args.jobs) as pool:
         counts = dict(zip(jobs, pool.map(lambda j: count(*j), jobs)))
 
-    from benchmarks.tools.common import git_commit, git_dirty, write_results
+    from benchmarks.tools.common import git_commit, tree_dirty, write_results
 
     def version(src: Path) -> str:
-        return (git_commit(src) or str(src)) + (" (uncommitted changes)" if git_dirty(src) else "")
+        return (git_commit(src) or str(src)) + (" (uncommitted changes)" if tree_dirty(src) else "")
 
     data, rows = {"steps": [a, b], "per_step": {}}, []
     for s in srcs:

@@ -15,7 +15,7 @@ try:
     from hasten.bench.recording import machine as hasten_machine
 except ImportError:   # an older checkout's src, measured side by side (trainer_instructions.py --src)
     from hasten.bench.worker import machine as hasten_machine
-from hasten.provenance import code_version, machine_identity
+from hasten.provenance import code_version, machine_identity, tree_dirty
 
 from benchmarks.tools import results as record
 
@@ -46,16 +46,6 @@ def git_commit(where: "Path | None" = None) -> str | None:
                               cwd=where or REPO).stdout.strip() or None
     except OSError:
         return None
-
-
-def git_dirty(where: "Path | None" = None) -> bool | None:
-    """Whether tracked files differ from the commit (results then come from uncommitted code)."""
-    try:
-        r = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True,
-                           cwd=where or REPO)
-    except OSError:
-        return None
-    return bool(r.stdout.strip()) if r.returncode == 0 else None
 
 
 def portable(arg: str) -> str:
@@ -113,7 +103,7 @@ def write_results(name: str, data: dict, markdown: str, subject: "str | None" = 
     folder.mkdir(parents=True, exist_ok=True)
     report.parent.mkdir(parents=True, exist_ok=True)
     data = {"benchmark": name, "command": command_line(), "commit": git_commit(),
-            "dirty": git_dirty(), "code": code_version(), "machine": machine(), **data}
+            "dirty": tree_dirty(REPO), "code": code_version(), "machine": machine(), **data}
     j = folder / "result.json"
     j.write_text(json.dumps(data, indent=2) + "\n")
     report.write_text(markdown.rstrip() + f"\n\nCommand: `{data['command']}` (commit {data['commit']}"

@@ -3,7 +3,7 @@
 `code_version()` returns the package version, a SHA-256 over hasten's own source files
 (the same files give the same hash, whether installed from a wheel or run from a
 checkout), and, where the package runs from a git checkout, the commit and whether tracked
-files differ from it. Bench records and benchmark result files carry it; reports print it.
+files other than the results record differ from it (`tree_dirty`). Bench records and benchmark result files carry it; reports print it.
 """
 from __future__ import annotations
 
@@ -45,9 +45,24 @@ def code_version() -> dict:
     top = _git("rev-parse", "--show-toplevel", cwd=_PACKAGE)
     if top and _PACKAGE.is_relative_to(Path(top).resolve()):
         out["commit"] = _git("rev-parse", "HEAD", cwd=_PACKAGE)
-        status = _git("status", "--porcelain", "--untracked-files=no", cwd=_PACKAGE)
-        out["dirty"] = bool(status) if status is not None else None
+        out["dirty"] = tree_dirty(_PACKAGE)
     return out
+
+
+# The results record, data and reports: a measurement appends to it while it runs, so a change
+# there is not a change of the code that measured.
+RECORD_PATHS = ("benchmarks/results", "docs/results")
+
+
+def tree_dirty(where: Path) -> bool | None:
+    """Whether tracked files of the git checkout holding `where` differ from its commit, the
+    results record (RECORD_PATHS) aside; None outside a checkout or where git cannot tell."""
+    top = _git("rev-parse", "--show-toplevel", cwd=where)
+    if not top:
+        return None
+    status = _git("status", "--porcelain", "--untracked-files=no", "--", ".",
+                  *(f":(exclude){p}" for p in RECORD_PATHS), cwd=Path(top))
+    return bool(status) if status is not None else None
 
 
 def describe(code: dict | None) -> str:
