@@ -3,7 +3,8 @@
 `code_version()` returns the package version, a SHA-256 over hasten's own source files
 (the same files give the same hash, whether installed from a wheel or run from a
 checkout), and, where the package runs from a git checkout, the commit and whether tracked
-files other than the results record differ from it (`tree_dirty`). Bench records and benchmark result files carry it; reports print it.
+files other than the results record differ from it (`tree_dirty`). Bench records and
+benchmark result files carry it; reports print it.
 """
 from __future__ import annotations
 

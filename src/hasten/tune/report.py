@@ -49,9 +49,8 @@ def loader_lines(result: dict) -> list[str]:
         return []
     return ["", f"The loader's workers kept {chosen[-1]['loader_cores']:.2f} of the {cores} cores busy under the "
             "chosen settings: the Dataset's per-sample work (decoding, augmentation, seeding) takes those cores from "
-            "the step. Batched "
-            "augmentation on the step's side (data.loader=device for hasten's datasets), decoded samples kept in "
-            "memory, or fewer step threads (the threads stage) give them back."]
+            "the step. Batched augmentation on the step's side (data.loader=device for hasten's datasets), decoded "
+            "samples kept in memory, or fewer step threads (the threads stage) give them back."]
 
 
 def render(result: dict) -> str:
