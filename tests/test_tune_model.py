@@ -240,6 +240,7 @@ def test_the_method_stage_hands_over_only_a_verified_winner_whose_interval_clear
     assert rounds[0][1] == [0] and rounds[1][1] == [0, 1, 2]
     assert set(rounds[1][0]) == {"systems-tuned", "EMA", "Muon", "learning rate x1.5"}
     assert rec["handed_over"] == ["EMA"]   # Muon's interval holds 1; the lr's runs did not all reach the target
+    assert rec["verify_command"] is None   # every promising one was verified: nothing left to verify
     md = "\n".join(methods_mod.render(rec))
     assert "| EMA | 1.40x | 3/3 | 1.35x [1.10, 1.60] | **handed over** |" in md
     assert "| Muon | 1.30x | 3/3 | 1.50x [0.00, 2.10] | not faster |" in md   # an interval from 0 is shown, not hidden
@@ -256,7 +257,9 @@ def test_a_budget_that_holds_only_the_screen_hands_nothing_over_and_says_how_to_
     assert len(rounds) == 1 and rounds[0][0] == ["systems-tuned", "label smoothing 0.1", "progressive resizing"]
     assert rec["handed_over"] == [] and len(rec["left_out"]) == len(labels) - 2
     md = "\n".join(methods_mod.render(rec))
-    assert "screened only: verify it" in md and "hasten bench cifar10-baseline" in md
+    assert "screened only: verify it" in md
+    assert ("To verify the promising ones: `hasten bench cifar10-baseline "
+            "'cifar10-baseline+algorithms.label_smoothing={smoothing: 0.1}' --eval-every 5000sp --seeds 3`") in md
     # the report says what budget screens every candidate
     assert "The screen's target is the systems-tuned run's own final quality, 0.8, which it reached in 100 s" in md
     stage_s = (len(labels) + 1) * 100 / methods_mod.SCREEN_SHARE   # 100 s a run, the screen's share of the stage
@@ -276,6 +279,32 @@ def test_a_screen_that_missed_gives_its_quality_and_one_that_failed_its_error(mo
     assert rec["handed_over"] == [] and rec["verify_command"] is None
     assert "| label smoothing 0.1 | missed the target (0.8) | - | - | missed the target |" in md, md
     assert "| progressive resizing | failed: hasten: error: bad override | - | - | not measured: its run failed |" in md
+
+
+def test_the_verify_command_names_only_what_was_screened_and_not_verified(monkeypatch, tmp_path):
+    """The user ResNet's rerun: Muon and the schedule verified, label smoothing and EMA won their
+    screens only; the command the report gives verifies those two, not the two already verified."""
+    recipe = load_recipe("cifar10-baseline")
+    labels = [c.label for c in methods_mod.candidates(recipe, {"conv2d": True})]
+    screen = {lab: 0.9 for lab in labels}
+    screen.update({"Muon": 1.22, "warm-up/stable/decay schedule": 1.14, "EMA": 1.13, "label smoothing 0.1": 1.07})
+    verified = {"Muon": (1.19, 0.99, 1.37, 3), "warm-up/stable/decay schedule": (1.0, 0.82, 1.14, 3)}
+    _scripted(monkeypatch, screen, verified)
+    from hasten.tasks import TASKS
+    rec = methods_mod.method_stage("cifar10-baseline", ["data.path=x.zip"], ["trainer.precision=bf16-mixed"], recipe,
+                                   {"conv2d": True}, budget_s=1200, run_s=100, samples_per_run=50_000,
+                                   out=tmp_path, console=None, quality=TASKS["image_classification"].quality)
+    assert rec["handed_over"] == []
+    by_label = {c.label: c.overrides for c in methods_mod.candidates(recipe, {"conv2d": True})}
+    verified_now = [c["label"] for c in rec["candidates"] if c["verified"]]
+    assert set(verified_now) == set(verified)
+    cmd = rec["verify_command"]
+    assert cmd.startswith("hasten bench cifar10-baseline ") and cmd.endswith(" --seeds 3")
+    for label in ("EMA", "label smoothing 0.1"):
+        assert "+".join(by_label[label]) in cmd
+    for label in ("Muon", "warm-up/stable/decay schedule"):
+        assert "+".join(by_label[label]) not in cmd
+    assert " data.path=x.zip trainer.precision=bf16-mixed --eval-every 5000sp" in cmd
 
 
 def test_a_method_that_ends_better_but_no_sooner_is_screened_again_with_a_shorter_run(monkeypatch, tmp_path):

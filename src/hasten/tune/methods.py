@@ -193,9 +193,12 @@ def method_stage(recipe_arg: str, overrides: list[str], systems: list[str], reci
         record["target"] = first["target"]
     record["candidates"] = [{"label": c.label, "overrides": c.overrides, "what": c.what, "screen": c.screen,
                              "verified": c.verified} for c in cands if c.screen or c.verified]
+    # The command that verifies what the budget only screened (the verified ones have their verdict).
+    unverified = [c for c in promising if not c.verified][:2]
     record["verify_command"] = ("hasten bench " + " ".join([recipe_arg] + [f"'{recipe_arg}+{'+'.join(c.overrides)}'"
-                                                                           for c in promising[:2]])
-                                + " " + " ".join(shared) + " --seeds 3") if promising else None
+                                                                           for c in unverified])
+                                + "".join(f" {o}" for o in shared) + f" --eval-every {every} --seeds 3"
+                                ) if unverified else None
     return record
 
 
