@@ -58,11 +58,8 @@ RECORD_PATHS = ("benchmarks/results", "docs/results")
 def tree_dirty(where: Path) -> bool | None:
     """Whether tracked files of the git checkout holding `where` differ from its commit, the
     results record (RECORD_PATHS) aside; None outside a checkout or where git cannot tell."""
-    top = _git("rev-parse", "--show-toplevel", cwd=where)
-    if not top:
-        return None
-    status = _git("status", "--porcelain", "--untracked-files=no", "--", ".",
-                  *(f":(exclude){p}" for p in RECORD_PATHS), cwd=Path(top))
+    status = _git("status", "--porcelain", "--untracked-files=no", "--", ":(top)",   # the whole checkout
+                  *(f":(top,exclude){p}" for p in RECORD_PATHS), cwd=where)
     return bool(status) if status is not None else None
 
 
