@@ -118,6 +118,24 @@ def test_a_trial_measures_the_cores_its_loader_workers_keep_busy(user_model, wor
         assert out["loader_cores"] == 0.0
 
 
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the trial reads /proc")
+def test_a_worker_that_ends_inside_the_window_still_counts_as_the_trials_own():
+    # a DataLoader without persistent workers ends and reaps them at each epoch's end; their
+    # ticks must stay the trial's, not turn into "another process on the cores"
+    import resource
+    from hasten.tune.worker import _cpu_ticks
+    hz = os.sysconf("SC_CLK_TCK")
+    before, usage = _cpu_ticks(), resource.getrusage(resource.RUSAGE_CHILDREN)
+    subprocess.run([sys.executable, "-c", "import time\nt = time.process_time()\n"
+                    "while time.process_time() - t < 0.4: pass"], check=True, timeout=60)
+    after, usage_after = _cpu_ticks(), resource.getrusage(resource.RUSAGE_CHILDREN)
+    reaped = (usage_after.ru_utime + usage_after.ru_stime) - (usage.ru_utime + usage.ru_stime)   # the kernel's own count
+    assert reaped >= 0.4
+    workers, tree = ((after[i] - before[i]) / hz for i in (2, 1))
+    assert abs(workers - reaped) < 0.05 + 0.1 * reaped, (workers, reaped)
+    assert tree >= workers   # the tree's own ticks hold it too, beside this process's
+
+
 def test_the_report_points_to_loader_workers_that_take_the_steps_cores():
     from hasten.tune.report import loader_lines
     row = {"stage": "threads", "option": "2 threads", "chosen": True, "loader_cores": 0.9}

@@ -37,7 +37,10 @@ def model_facts(model, loader) -> dict:
 
 def _cpu_ticks() -> "tuple[int, int, int] | None":
     """(every core's busy ticks, this process tree's ticks, its descendants' ticks) now, from
-    /proc (Linux); None elsewhere. The descendants are the loader's worker processes."""
+    /proc (Linux); None elsewhere. The descendants are the loader's worker processes; a worker
+    that ended and was reaped still counts, through its parent's tally of reaped children
+    (cutime, cstime), so a loader that restarts its workers each epoch is not taken for another
+    process on the cores."""
     try:
         with open("/proc/stat") as f:
             fields = [int(x) for x in f.readline().split()[1:]]
@@ -49,9 +52,9 @@ def _cpu_ticks() -> "tuple[int, int, int] | None":
                     parts = f.read().rsplit(")", 1)[1].split()
             except OSError:   # a worker that ended since the listing
                 continue
-            ticks = int(parts[11]) + int(parts[12])   # utime, stime
-            mine += ticks
-            workers += ticks if pid != me else 0
+            own, reaped = int(parts[11]) + int(parts[12]), int(parts[13]) + int(parts[14])   # utime+stime, cutime+cstime
+            mine += own + reaped
+            workers += reaped + (own if pid != me else 0)
         return busy, mine, workers
     except (OSError, ValueError, IndexError):
         return None
