@@ -24,6 +24,7 @@ from hasten.cli import main
 from hasten.config import load_recipe
 from hasten.errors import ConfigError, TrainingError
 from hasten.loggers import JSONLLogger
+from hasten.provenance import machine_identity
 
 from tiny import classification_data, mlp
 
@@ -129,6 +130,19 @@ def test_4_bench_never_reuses_runs_made_with_other_settings(tmp_path):
         run_comparison([new], [0], tmp_path)
     # the same settings are continued, not rerun
     assert len(run_comparison([old], [0], tmp_path)) == 1
+
+
+def test_4_bench_never_continues_a_comparison_made_on_another_machine(tmp_path):
+    spec = Spec.parse(str(TINY), ["trainer.max_duration=10ba"])
+    here = machine_identity()
+    elsewhere = {**here, "cpu": "Some Other CPU 9000", "flags": ["avx2"], "cores": 96}
+    rows = [{**_bench_record(spec, seed, run_identity(spec, None)), "provenance": {"machine": mach}}
+            for seed, mach in ((0, here), (1, elsewhere))]
+    (tmp_path / "runs.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with pytest.raises(ConfigError, match=r"another machine \(Some Other CPU 9000 \(avx2\), 96 cores; this is .*--name"):
+        run_comparison([spec], [0, 1], tmp_path)
+    # seed 0 alone was made here: continued, not rerun
+    assert [r["seed"] for r in run_comparison([spec], [0], tmp_path)] == [0]
 
 
 def test_5_a_forced_learning_rate_is_applied_on_resume(tmp_path):

@@ -95,6 +95,14 @@ def machine_identity() -> dict:
             "gpu": gpu}
 
 
+def describe_machine(identity: dict) -> str:
+    """One line for a machine_identity(): 'CPU (flags), N cores[, GPU]'."""
+    flags = identity.get("flags")
+    return (f"{identity.get('cpu', '?')}" + (f" ({', '.join(flags) or 'no AVX2'})" if flags is not None else "")
+            + (f", {identity['cores']} cores" if identity.get("cores") else "")
+            + (f", {identity['gpu']}" if identity.get("gpu") else ""))
+
+
 def run_provenance(comparison: "str | None" = None, order: "int | None" = None, started: "str | None" = None) -> dict:
     """The PROVENANCE_FIELDS of a run starting now: `comparison` names the results folder it was
     made for (a record found in another folder was copied there); `order` its place among that

@@ -38,7 +38,7 @@ from ..config import load_recipe, to_dict
 from ..errors import ConfigError, brief
 from ..outputs import Outputs
 from ..processes import spawn, stop
-from ..provenance import code_version, run_provenance
+from ..provenance import code_version, describe_machine, machine_identity, run_provenance
 from ..provenance import describe as describe_code
 
 _SPLIT = re.compile(r"\+(?=[A-Za-z_][\w.]*=)")
@@ -264,14 +264,21 @@ def differences(a: dict, b: dict, prefix: str = "") -> list[str]:
 
 
 def _check_same_runs(earlier: list[dict], identity: dict, runs_file: Path, console) -> None:
-    """Runs already in the file count only if they were made with the same settings: any other
-    counted run of the same label is refused in one line naming the difference. Runs recorded
+    """Runs already in the file count only if they were made with the same settings on the same
+    kind of machine (provenance.machine_identity): any other counted run of the same label is
+    refused in one line naming the difference. Runs recorded
     before hasten kept settings are taken as they are (said once); runs of other code are
     said once (long comparisons continue across commits)."""
     legacy, other_code, here = 0, set(), code_version()
+    this_machine = machine_identity()
     for r in earlier:
         if outcome(r) not in COUNTED:
             continue
+        theirs = (r.get("provenance") or {}).get("machine")
+        if theirs and differences(theirs, this_machine):
+            raise ConfigError(f"{runs_file} holds runs made on another machine ({describe_machine(theirs)}; this is "
+                              f"{describe_machine(this_machine)}): times from two machines do not make one speedup; "
+                              "give --name for a new comparison on this machine")
         if r.get("identity") is None:
             legacy += 1
         elif differences(r["identity"], identity[r["label"]]):
