@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import statistics
-import subprocess
 import sys
 from pathlib import Path
 
@@ -15,7 +14,7 @@ try:
     from hasten.bench.recording import machine as hasten_machine
 except ImportError:   # an older checkout's src, measured side by side (trainer_instructions.py --src)
     from hasten.bench.worker import machine as hasten_machine
-from hasten.provenance import code_version, machine_identity, tree_dirty
+from hasten.provenance import code_version, git_output, machine_identity, tree_dirty
 
 from benchmarks.tools import results as record
 
@@ -41,11 +40,7 @@ def machine() -> dict:
 
 def git_commit(where: "Path | None" = None) -> str | None:
     """The short commit of the checkout holding `where` (default: these benchmarks)."""
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                              cwd=where or REPO).stdout.strip() or None
-    except OSError:
-        return None
+    return git_output("rev-parse", "--short", "HEAD", cwd=where or REPO) or None
 
 
 def portable(arg: str) -> str:

@@ -31,7 +31,8 @@ def source_hash(root: Path = _PACKAGE) -> str:
     return h.hexdigest()
 
 
-def _git(*args: str, cwd: Path) -> str | None:
+def git_output(*args: str, cwd: Path) -> str | None:
+    """`git ARGS` run in `cwd`: its output stripped, or None (no git, not a checkout, an error)."""
     try:
         r = subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, timeout=10)
     except (OSError, subprocess.SubprocessError):
@@ -43,9 +44,9 @@ def _git(*args: str, cwd: Path) -> str | None:
 def code_version() -> dict:
     """{"hasten", "source_sha256", "commit", "dirty"}; commit and dirty are None outside a checkout."""
     out = {"hasten": __version__, "source_sha256": source_hash(), "commit": None, "dirty": None}
-    top = _git("rev-parse", "--show-toplevel", cwd=_PACKAGE)
+    top = git_output("rev-parse", "--show-toplevel", cwd=_PACKAGE)
     if top and _PACKAGE.is_relative_to(Path(top).resolve()):
-        out["commit"] = _git("rev-parse", "HEAD", cwd=_PACKAGE)
+        out["commit"] = git_output("rev-parse", "HEAD", cwd=_PACKAGE)
         out["dirty"] = tree_dirty(_PACKAGE)
     return out
 
@@ -58,7 +59,7 @@ RECORD_PATHS = ("benchmarks/results", "docs/results")
 def tree_dirty(where: Path) -> bool | None:
     """Whether tracked files of the git checkout holding `where` differ from its commit, the
     results record (RECORD_PATHS) aside; None outside a checkout or where git cannot tell."""
-    status = _git("status", "--porcelain", "--untracked-files=no", "--", ":(top)",   # the whole checkout
+    status = git_output("status", "--porcelain", "--untracked-files=no", "--", ":(top)",   # the whole checkout
                   *(f":(top,exclude){p}" for p in RECORD_PATHS), cwd=where)
     return bool(status) if status is not None else None
 
