@@ -2,6 +2,7 @@
 and that it detects a known slowdown (and no slowdown where there is none)."""
 import json
 import math
+import warnings
 from pathlib import Path
 
 import pytest
@@ -74,6 +75,18 @@ def test_analysis_counts_misses_and_resolves_first_target(tmp_path):
     assert "| c | 0/2 |" in md and "| a | 2/3 |" in md
     assert (tmp_path / "report.png").stat().st_size > 1000
     assert json.loads((tmp_path / "report.json").read_text())["metric"] == "val/acc"
+
+
+def test_a_long_recipe_spec_is_broken_into_legend_lines_and_the_plot_keeps_its_layout(tmp_path):
+    long = "tuned+" + "+".join(f"optimizer.muon.setting_{i}={i / 10}" for i in range(8))
+    lines = R.legend_label(long).split("\n")
+    assert "".join(lines) == long and len(lines) > 3 and all(len(ln) <= 48 for ln in lines)
+    assert all(ln.startswith("+") for ln in lines[1:]) and R.legend_label("tuned") == "tuned"
+    runs = [_run(lab, s, [(10, 0.85), (20, 0.91)]) for lab in ("tuned", long) for s in range(2)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")   # matplotlib warns when the layout cannot fit the legend
+        R.write_report(runs, ["tuned", long], Target.parse("val/acc>=0.9"), tmp_path, "t")
+    assert (tmp_path / "report.png").stat().st_size > 1000
 
 
 def test_one_machine_line_for_runs_that_differ_only_in_what_it_leaves_out(tmp_path):

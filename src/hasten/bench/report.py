@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 
 from ..errors import HastenError
@@ -239,6 +240,18 @@ def pyplot():
     return plt
 
 
+def legend_label(label: str, width: int = 48) -> str:
+    """A recipe label as a plot's legend shows it: a long spec (recipe+override+override...)
+    broken before its '+' into lines of about `width` characters, so the legend keeps its size."""
+    lines, line = [], ""
+    for part in re.split(r"(?=\+)", label):
+        if line and len(line) + len(part) > width:
+            lines.append(line)
+            line = ""
+        line += part
+    return "\n".join(lines + [line])
+
+
 def plot(runs: list[dict], labels: list[str], analysis: dict, path: Path) -> Path | None:
     """Metric versus timed training per run, and the time/quality Pareto view."""
     plt = pyplot()
@@ -253,7 +266,7 @@ def plot(runs: list[dict], labels: list[str], analysis: dict, path: Path) -> Pat
             pts = [(e["train_s"] - _warmup(r) + e.get("method_setup_s", 0.0), e["metrics"][metric])
                    for e in r.get("evals", []) if metric in e["metrics"]]
             if pts:
-                ax1.plot(*zip(*pts), color=c, alpha=0.7, marker=".", label=label if j == 0 else None)
+                ax1.plot(*zip(*pts), color=c, alpha=0.7, marker=".", label=legend_label(label) if j == 0 else None)
             td, fm = timed_duration(r), final_metric(r, metric)
             if td is not None and fm is not None:
                 ax2.scatter(td, fm, color=c, alpha=0.5, s=18)
@@ -261,7 +274,7 @@ def plot(runs: list[dict], labels: list[str], analysis: dict, path: Path) -> Pat
         if rec["timed_duration_s"]["n"]:
             ax2.errorbar(rec["timed_duration_s"]["mean"], rec["final_metric"]["mean"],
                          xerr=rec["timed_duration_s"]["std"], yerr=rec["final_metric"]["std"], color=c, marker="D",
-                         markersize=8, capsize=3, label=label)
+                         markersize=8, capsize=3, label=legend_label(label))
     for ax in (ax1, ax2):
         if tv is not None:
             ax.axhline(tv, color="gray", ls="--", lw=1, label="target")
