@@ -46,6 +46,13 @@ def describe_caps(caps: dict | None) -> str:
     return ", kernels capped by " + ", ".join(f"{k}={v}" for k, v in sorted(caps.items())) if caps else ""
 
 
+def describe_cpu(name: str | None, flags: list[str] | None, caps: dict | None) -> str:
+    """'NAME (flag, flag)[, kernels capped by ...]' for a machine line: the speed flags as
+    cpu_features() lists them ('no AVX2' for none; left out when not recorded) and the caps."""
+    return (f"{name or '?'}" + (f" ({', '.join(flags) or 'no AVX2'})" if flags is not None else "")
+            + describe_caps(caps))
+
+
 def cpu_name() -> str:
     """The CPU's model name (Linux /proc/cpuinfo; the platform's word for it elsewhere)."""
     try:

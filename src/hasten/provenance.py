@@ -16,7 +16,7 @@ import os
 import subprocess
 from pathlib import Path
 
-from .hardware import cpu_features, cpu_name, kernel_caps
+from .hardware import cpu_features, cpu_name, describe_cpu, kernel_caps
 from .version import __version__
 
 _PACKAGE = Path(__file__).resolve().parent
@@ -97,9 +97,8 @@ def machine_identity() -> dict:
 
 
 def describe_machine(identity: dict) -> str:
-    """One line for a machine_identity(): 'CPU (flags), N cores[, GPU]'."""
-    flags = identity.get("flags")
-    return (f"{identity.get('cpu', '?')}" + (f" ({', '.join(flags) or 'no AVX2'})" if flags is not None else "")
+    """One line for a machine_identity(): 'CPU (flags)[, kernels capped by ...], N cores[, GPU]'."""
+    return (describe_cpu(identity.get("cpu"), identity.get("flags"), identity.get("kernel_caps"))
             + (f", {identity['cores']} cores" if identity.get("cores") else "")
             + (f", {identity['gpu']}" if identity.get("gpu") else ""))
 

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from ..errors import HastenError
 from ..files import atomic_write
-from ..hardware import describe_caps
+from ..hardware import describe_cpu
 from ..provenance import describe as describe_code
 from .runner import COUNTED, bench_outputs, outcome
 from .stats import describe, ratio_ci, welch_t_test
@@ -217,9 +217,7 @@ def markdown(analysis: dict, title: str, command: str | None = None) -> str:
         lines += ["", f"Code: {describe_code(code)}"]
     described = []   # one line per machine; records that differ only in what the line leaves out share it
     for mach in analysis.get("machines", []):
-        feats = mach.get("cpu_features")
-        line = (f"Machine: {mach.get('cpu')}" + (f" ({', '.join(feats) or 'no AVX2'})" if feats is not None else "")
-                + describe_caps(mach.get("kernel_caps"))
+        line = (f"Machine: {describe_cpu(mach.get('cpu'), mach.get('cpu_features'), mach.get('kernel_caps'))}"
                 + f", {mach.get('cores')} cores, {mach.get('threads')} threads, "
                 f"torch {mach.get('torch')}, hasten {mach.get('hasten')}"
                 + (f", GPU {mach['cuda']}" if mach.get("cuda") else ""))
