@@ -143,6 +143,12 @@ def test_4_bench_never_continues_a_comparison_made_on_another_machine(tmp_path):
         run_comparison([spec], [0, 1], tmp_path)
     # seed 0 alone was made here: continued, not rerun
     assert [r["seed"] for r in run_comparison([spec], [0], tmp_path)] == [0]
+    # kernels capped to AVX2 stand for another machine too, and the line says why
+    capped = {**here, "kernel_caps": {"ONEDNN_MAX_CPU_ISA": "AVX2"}}
+    row = {**_bench_record(spec, 2, run_identity(spec, None)), "provenance": {"machine": capped}}
+    (tmp_path / "runs.jsonl").write_text(json.dumps(row) + "\n")
+    with pytest.raises(ConfigError, match=r"another machine \(.*kernels capped by ONEDNN_MAX_CPU_ISA=AVX2"):
+        run_comparison([spec], [2], tmp_path)
 
 
 def test_5_a_forced_learning_rate_is_applied_on_resume(tmp_path):
