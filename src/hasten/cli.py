@@ -39,7 +39,7 @@ from .core.algorithm import parallel_refusal_message
 from .distributed.world import leave_worker
 from .data.prepare import describe as describe_source
 from .data.prepare import prepare as prepare_source
-from .errors import ConfigError, HastenError
+from .errors import ConfigError, HastenError, worker_report
 from .files import atomic_write, ensure_writable_dir
 from .processes import Terminated, raise_terminated
 from .runs import resume_recipe
@@ -609,6 +609,16 @@ def _one_line(e: BaseException) -> str:
     return " ".join(str(e).split())
 
 
+def _unknown_one_line(e: BaseException) -> str:
+    """An error hasten does not know, as 'Type: message'; one raised in a loader worker (torch
+    re-raises it with the worker's whole traceback as its message) as the worker's own type and
+    message, and where it was raised."""
+    carried = worker_report(str(e))
+    if carried is None:
+        return f"{type(e).__name__}: {_one_line(e)}"
+    return f"{carried.type_name}: {' '.join(carried.message.split())} (raised {carried.where})"
+
+
 # options whose value is a quantity: a negative one ('--budget -5m') is passed to the option, whose
 # own check then names the problem, instead of argparse taking it for an unknown flag
 QUANTITY_OPTIONS = ("--budget", "--min-gain", "--eval-every", "--cap")
@@ -695,7 +705,7 @@ def _run(args, debug: bool) -> int:
     except Exception as e:   # not a user mistake we know of: still one line, the traceback on request
         if debug:
             raise
-        print(f"hasten: error: {type(e).__name__}: {_one_line(e)} (run again with --debug for the traceback; "
+        print(f"hasten: error: {_unknown_one_line(e)} (run again with --debug for the traceback; "
               "if it looks like a bug in hasten, please report it with that traceback)", file=sys.stderr)
         return 1
 

@@ -8,9 +8,64 @@ every other module can use it.
 """
 from __future__ import annotations
 
+import re
+from typing import NamedTuple
+
+
+class WorkerReport(NamedTuple):
+    """An exception raised in another process or thread and re-raised here by torch (a
+    DataLoader worker, the pin-memory thread): the original's type name, its message, where it
+    was raised, and its traceback as torch carried it."""
+    type_name: str
+    message: str
+    where: str
+    traceback: str
+
+
+# torch.utils.data re-raises an error of a loader worker as `type("Caught T in DataLoader worker
+# process N.\nOriginal Traceback (most recent call last):\n...")` (torch._utils.ExceptionWrapper)
+_CARRIED = re.compile(r"Caught (?P<type>\w+) (?P<where>in [^\n]*?)\.\nOriginal (?P<trace>Traceback \(most recent "
+                      r"call last\):\n.*)", re.S)
+
+
+def worker_report(text) -> "WorkerReport | None":
+    """The original error inside torch's re-raised message `text`, or None when `text` is not
+    one. The message is what the original exception said, recovered from the last line of its
+    traceback (`module.Type: message`)."""
+    if not isinstance(text, str):
+        return None
+    m = _CARRIED.match(text)
+    if m is None:
+        return None
+    name, trace = m["type"], m["trace"].rstrip("\n")
+    # the exception's line: 'pkg.mod.Type: message' (or 'Type: message' for builtins), the last one in the
+    # traceback that names the type (chained exceptions come before it, notes after it)
+    found = [x for x in re.finditer(rf"^(?:[\w.]+\.)?{re.escape(name)}(?:: (?P<msg>.*))?$", trace, re.M)]
+    if found:
+        last = found[-1]
+        message = trace[last.start("msg"):] if last["msg"] is not None else ""
+    else:
+        message = trace.splitlines()[-1]
+    return WorkerReport(name, message.strip(), m["where"], trace)
+
 
 class HastenError(Exception):
-    """A problem the user can fix; the message says how."""
+    """A problem the user can fix; the message says how.
+
+    Raised in a DataLoader worker, it reaches the main process through torch, which rebuilds it
+    from the worker's whole traceback; hasten's error takes back the worker's own message, so the
+    user reads the same one line whatever the worker count. The worker's traceback stays on
+    `.worker` (and as a note, shown with --debug)."""
+
+    def __init__(self, *args):
+        self.worker = worker_report(args[0]) if len(args) == 1 else None
+        if self.worker is not None and self.worker.type_name == type(self).__name__:
+            args = (self.worker.message,)
+        else:
+            self.worker = None
+        super().__init__(*args)
+        if self.worker is not None and hasattr(self, "add_note"):   # Python 3.11+
+            self.add_note(f"raised {self.worker.where}:\n{self.worker.traceback}")
 
 
 class ConfigError(HastenError, ValueError):
