@@ -3,6 +3,7 @@ store (moto's server on the loopback address), shard-local order, exact mid-epoc
 and two processes, two loader workers), loaders that keep their own state, the share of time a
 step waits for data, and nothing on hasten's path importing torchvision."""
 import gzip
+import hashlib
 import json
 import os
 import shutil
@@ -174,7 +175,7 @@ def test_a_shard_changed_in_the_store_is_refused(s3, prepared, tmp_path):
     name = m["splits"]["train"]["shards"][0]["name"]
     boto3.client("s3", endpoint_url=s3).put_object(Bucket="data", Key=f"tampered/{name}", Body=b"not parquet")
     split = StreamSplit("s3://data/tampered", "train", cache_dir=str(tmp_path / "c"))
-    with pytest.raises(DataError, match="SHA-256 .*the shard changed since it was prepared"):
+    with pytest.raises(DataError, match="SHA-256 .*the shard changed in the store since it was prepared"):
         split.row(0)
 
 
@@ -301,3 +302,157 @@ def test_normalised_images_are_contiguous_channels_first():
     assert y.is_contiguous() and torch.equal(y, x.permute(2, 0, 1).float())
     out = RandomCropFlip((0, 0, 0), (1, 1, 1), pad=4, mode="reflect")(x, torch.Generator().manual_seed(0))
     assert out.shape == (3, 32, 32) and out.is_contiguous()
+
+
+# ---------------------------------------------------------------------------- a source is what its manifest says
+def _copy(prepared, to: Path) -> tuple[Path, dict]:
+    shutil.copytree(prepared, to)
+    return to, json.loads((to / MANIFEST).read_text())
+
+
+def _first_error(split) -> str:
+    """What reading the split's rows in order raises first: hasten's one line."""
+    with pytest.raises(DataError) as e:
+        for i in range(len(split)):
+            split.row(i)
+    return str(e.value)
+
+
+@pytest.mark.parametrize("damage", ["same size, other bytes", "truncated", "a text file", "missing"])
+def test_a_shard_that_is_not_the_one_its_manifest_lists_is_refused_before_its_rows_are_used(prepared, tmp_path, damage):
+    src, m = _copy(prepared, tmp_path / "src")
+    name = m["splits"]["train"]["shards"][2]["name"]
+    shard = src / name
+    data = bytearray(shard.read_bytes())
+    if damage == "same size, other bytes":
+        data[len(data) // 2] ^= 0x01                     # one bit: pyarrow would still read it, maybe
+        shard.write_bytes(bytes(data))
+    elif damage == "truncated":
+        shard.write_bytes(bytes(data[:500]))
+    elif damage == "a text file":
+        shard.write_text("rows\n" * 50)
+    else:
+        shard.unlink()
+    split = StreamSplit(str(src), "train")
+    first_row_of_shard = sum(split.blocks[:2])
+    for i in range(first_row_of_shard):                  # the shards before it are read as they are
+        split.row(i)
+    msg = _first_error(split)
+    assert name in msg and "\n" not in msg
+    assert {"same size, other bytes": "SHA-256", "truncated": "bytes", "a text file": "bytes",
+            "missing": "missing"}[damage] in msg
+    expected = hashlib.sha256(bytes(data)).hexdigest()[:12] if damage == "same size, other bytes" else None
+    assert expected is None or expected in msg           # the digest of what is on disk, recomputed independently
+
+
+def test_an_error_raised_in_a_loader_worker_is_the_same_one_line_as_without_workers(prepared, tmp_path):
+    src, m = _copy(prepared, tmp_path / "src")
+    (src / m["splits"]["train"]["shards"][0]["name"]).write_bytes(b"PAR1 not a shard")
+    lines = {}
+    for workers in (0, 2):
+        r = subprocess.run([sys.executable, "-m", "hasten.cli", "train", "prose-gpt-baseline", f"data.source={src}",
+                            f"data.num_workers={workers}", "trainer.max_duration=4ba",
+                            f"trainer.run_dir={tmp_path / f'run{workers}'}", *TINY_GPT],
+                           capture_output=True, text=True, timeout=300)
+        errors = [ln for ln in r.stderr.splitlines() if ln.startswith("hasten: error:")]
+        assert r.returncode == 1 and len(errors) == 1 and "Traceback" not in r.stderr, r.stderr[-1500:]
+        lines[workers] = errors[0]
+    assert lines[0] == lines[2] and "train-00000.parquet" in lines[0] and "prepare it again" in lines[0]
+
+
+def test_errors_from_loader_workers_keep_their_own_message():
+    """torch re-raises a worker's error with the worker's whole traceback as its message: hasten's
+    errors take back their own message, others become one line naming where they were raised."""
+    from torch.utils.data import DataLoader
+
+    from hasten.cli import _unknown_one_line
+
+    class Bad(torch.utils.data.Dataset):
+        def __init__(self, error):
+            self.error = error
+
+        def __len__(self):
+            return 4
+
+        def __getitem__(self, i):
+            raise self.error
+
+    with pytest.raises(DataError) as e:
+        list(DataLoader(Bad(DataError("shard s.parquet is damaged; prepare it again")), num_workers=1))
+    assert str(e.value) == "shard s.parquet is damaged; prepare it again" and e.value.worker.where.startswith("in DataLoader worker")
+    assert "Traceback" in e.value.worker.traceback
+    with pytest.raises(OSError) as e:
+        list(DataLoader(Bad(OSError(5, "the disk went away")), num_workers=1))
+    assert "Traceback" in str(e.value)   # torch's own message, as torch makes it
+    assert _unknown_one_line(e.value) == "OSError: [Errno 5] the disk went away (raised in DataLoader worker process 0)"
+    assert _unknown_one_line(ValueError("plain\nerror")) == "ValueError: plain error"
+
+
+@pytest.mark.parametrize("edit,needle", [
+    (lambda m: m["splits"]["train"]["shards"][0].update(name=""), "shard whose name is not a file name"),
+    (lambda m: m["splits"]["train"]["shards"][0].update(name="../outside.parquet"), "shard whose name is not a file name"),
+    (lambda m: m["splits"]["train"]["shards"][0].update(name="sub/train-00000.parquet"), "shard whose name is not"),
+    (lambda m: m.update(tokenizer="../planted/tok.json"), "tokenizer '../planted/tok.json' is not a file name"),
+    (lambda m: m.update(tokenizer="/etc/tok.json"), "is not a file name inside the source"),
+    (lambda m: m["splits"]["train"]["shards"][0].update(sha256="0" * 64), "digest is not the digest of the shards"),
+])
+def test_a_manifest_naming_anything_outside_its_source_or_not_its_shards_is_refused(prepared, tmp_path, edit, needle):
+    src, m = _copy(prepared, tmp_path / "src")
+    edit(m)
+    (src / MANIFEST).write_text(json.dumps(m))
+    with pytest.raises(DataError, match=needle):
+        read_manifest(str(src))
+
+
+def test_a_shard_linked_from_outside_the_source_is_refused(prepared, tmp_path):
+    src, m = _copy(prepared, tmp_path / "src")
+    name = m["splits"]["train"]["shards"][0]["name"]
+    (tmp_path / "elsewhere.parquet").write_bytes((src / name).read_bytes())   # the same bytes, outside
+    (src / name).unlink()
+    (src / name).symlink_to(tmp_path / "elsewhere.parquet")
+    with pytest.raises(DataError, match="outside the source"):
+        StreamSplit(str(src), "train").row(0)
+
+
+def test_a_resume_on_a_source_prepared_again_is_refused_and_on_the_same_bytes_elsewhere_goes_on(prepared, tmp_path):
+    src, m = _copy(prepared, tmp_path / "src")
+    run = tmp_path / "run"
+    r = run_cli("train", "prose-gpt-baseline", f"data.source={src}", "trainer.max_duration=8ba",
+                "trainer.save_interval=4ba", "trainer.keep_last=2", f"trainer.run_dir={run}", *TINY_GPT)
+    assert r.returncode == 0, r.stderr[-1500:]
+    meta = json.loads(torch.load(run / "checkpoints" / "ep0-ba4.pt", weights_only=True)["meta"])
+    assert meta["data"]["split"] == "train" and meta["data"]["manifest"] == hashlib.sha256(
+        json.dumps([m["digest"], m["tokenizer_sha256"]]).encode()).hexdigest()
+    (run / "checkpoints" / "ep0-ba8.pt").unlink()
+    shutil.rmtree(src)
+    again, _ = prepare(m["settings"]["source"], str(src), block_size=16, vocab_size=300, shard_mb=0.004, seed=1)
+    assert again["tokenizer_sha256"] == m["tokenizer_sha256"] and again["digest"] != m["digest"]   # other shards
+    r = subprocess.run([sys.executable, "-m", "hasten.cli", "train", "--resume", str(run), "--no-progress"],
+                       capture_output=True, text=True, timeout=300)
+    errors = [ln for ln in r.stderr.splitlines() if ln.startswith("hasten: error:")]
+    assert r.returncode == 1 and len(errors) == 1, r.stderr[-1500:]
+    assert "ep0-ba4.pt was trained on" in errors[0] and "now holds other data" in errors[0]
+    shutil.rmtree(src)
+    shutil.copytree(prepared, tmp_path / "moved")   # the bytes it was trained on, in another folder
+    r = run_cli("train", "--resume", str(run), f"data.source={tmp_path / 'moved'}", "--force", "--no-progress")
+    assert r.returncode == 0 and "resuming at batch 4" in r.stdout, r.stderr[-1500:]
+
+
+def test_a_cached_shard_changed_on_disk_is_fetched_again_and_a_shard_missing_from_the_store_is_named(s3, prepared, tmp_path):
+    import boto3
+    source = json.loads((prepared / MANIFEST).read_text())["settings"]["source"]
+    prepare(source, "s3://data/cached", block_size=16, vocab_size=300, shard_mb=0.004)
+    cache = tmp_path / "c"
+    split = StreamSplit("s3://data/cached", "train", cache_dir=str(cache))
+    first = split.row(0)
+    copy = next(p for p in cache.rglob("*.parquet"))
+    data = bytearray(copy.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    copy.write_bytes(bytes(data))                         # the cache's copy is not the shard any more
+    again = StreamSplit("s3://data/cached", "train", cache_dir=str(cache)).row(0)
+    assert all(np.array_equal(first[k], again[k]) for k in first)
+    assert hashlib.sha256(copy.read_bytes()).hexdigest() == split.shards[0]["sha256"]   # downloaded again
+    name = split.shards[1]["name"]
+    boto3.client("s3", endpoint_url=s3).delete_object(Bucket="data", Key=f"cached/{name}")
+    with pytest.raises(DataError, match=f"{name}: the shard is missing from the store"):
+        StreamSplit("s3://data/cached", "train", cache_dir=str(tmp_path / "c2")).row(split.blocks[0])

@@ -222,7 +222,7 @@ def newest_in(path: Path, io: CheckpointIO) -> Path:
 
 def resume_from(state: State, logger: LogHub, path, payload: dict, hyperparameters: str = "checkpoint") -> dict:
     """Load a checkpoint's payload into the state, and tell the loggers where the run continues."""
-    meta = restore(state, payload, hyperparameters=hyperparameters)
+    meta = restore(state, payload, hyperparameters=hyperparameters, path=path)
     state.last_checkpoint = str(path)
     state.resumed_from = {"path": str(path), "run_id": meta.get("run_id")}
     logger.resume_at(state.timestamp.batch)

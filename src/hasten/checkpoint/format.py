@@ -23,7 +23,7 @@ import torch
 
 from ..version import __version__
 from ..distributed import fsdp
-from ..data.resumable import keeps_state, plain_state
+from ..data.resumable import data_identity, keeps_state, plain_state
 from ..distributed.tensors import gather_whole, local_tensors
 from ..core.time import Timestamp
 from ..errors import CheckpointError, first_line
@@ -182,6 +182,9 @@ def capture(state, extra_meta: dict | None = None, whole: bool = True) -> dict:
             "rng": rng_meta, "last_checkpoint": state.last_checkpoint,
             "optimizers": [type(o).__name__ for o in state.optimizers],
             "optimizer_style": "names" if sharded else "ids", "microbatch": state.microbatch}
+    data = data_identity(state.train_dataloader)
+    if data is not None:
+        meta["data"] = data
     if extra_meta:
         meta.update(extra_meta)
     if sharded and not whole:
@@ -252,6 +255,25 @@ def restore_loader(state, payload: dict) -> None:
 
 
 # ---------------------------------------------------------------------------- restore
+def check_data(state, meta: dict, path) -> None:
+    """A checkpoint that recorded what its training data proved to be (a prepared source's
+    manifest) resumes only on the same data: the order and position it saved mean nothing on
+    other rows."""
+    saved, now = meta.get("data"), data_identity(state.train_dataloader)
+    if not isinstance(saved, dict) or now is None:
+        return
+    keys = [k for k in saved if k != "source"]   # the same bytes may move (a folder copied to a store)
+    if any(saved.get(k) != now.get(k) for k in keys):
+        source, ident = now.get("source"), f"manifest {str(now.get('manifest'))[:12]}..."
+        now_is = (f"{source} now holds other data ({ident})" if source == saved.get("source")
+                  else f"this run reads {source}, other data ({ident})")
+        raise CheckpointError(
+            f"{path} was trained on {saved.get('source')} (split {saved.get('split')}, manifest "
+            f"{str(saved.get('manifest'))[:12]}...); {now_is}: a resume continues only on the data it was trained "
+            "on; restore that source, or start a new run from its weights (trainer.load_path with "
+            "trainer.load_mode=weights)")
+
+
 def check_optimizers(state, payload: dict, meta: dict) -> None:
     """The checkpoint holds as many optimizers as the run, of the same classes."""
     if len(payload["optimizers"]) != len(state.optimizers):

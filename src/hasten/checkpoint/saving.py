@@ -10,7 +10,8 @@ import warnings
 from pathlib import Path
 
 from ..errors import CheckpointError
-from .format import NewerFormatError, capture, list_checkpoints, read_meta, restore_rest, restore_whole_tensors
+from .format import (NewerFormatError, capture, check_data, list_checkpoints, read_meta, restore_rest,
+                     restore_whole_tensors)
 from .sharded import restore_tensors
 from .whole import CheckpointIO
 
@@ -30,17 +31,21 @@ def save(state, path: "str | os.PathLike", io: CheckpointIO, extra_meta: dict | 
     return str(path)
 
 
-def restore(state, payload: dict, strict: bool = True, hyperparameters: str = "checkpoint") -> dict:
+def restore(state, payload: dict, strict: bool = True, hyperparameters: str = "checkpoint", path=None) -> dict:
     """Load a payload (whole or sharded) into the state; returns the metadata.
 
     hyperparameters: 'checkpoint' (the default) keeps the optimizers' settings as the checkpoint
     has them (learning rates, weight decay, momentum: an optimizer's `load_state_dict` restores
     them all); 'run' puts back the settings the optimizers were built with for this run, for a
     resume whose recipe changes them on purpose (`hasten train --resume RUN optimizer.lr=... --force`).
-    The schedules' base learning rate (`initial_lr`) follows."""
+    The schedules' base learning rate (`initial_lr`) follows. A checkpoint of training on other
+    data than this run's (a prepared source's manifest, format.check_data) is refused; `path`
+    names the checkpoint in messages."""
     if hyperparameters not in ("checkpoint", "run"):
         raise ValueError(f"hyperparameters={hyperparameters!r}: use 'checkpoint' or 'run'")
-    meta = read_meta(payload, payload.get("sharded_path", "the checkpoint"))
+    where = path or payload.get("sharded_path") or "the checkpoint"
+    meta = read_meta(payload, where)
+    check_data(state, meta, where)
     built = [[{k: v for k, v in g.items() if k != "params"} for g in o.param_groups] for o in state.optimizers]
     if payload.get("sharded_path"):   # a sharded checkpoint: read its shards into this run's tensors
         restore_tensors(state, payload, meta)

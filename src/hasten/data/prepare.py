@@ -38,7 +38,7 @@ from ..version import __version__
 from .cifar import load_cifar10
 from .corpus import EOD, corpus_tokenizer, encode_documents, pack, read_documents, split_documents
 from .imagefolder import ImageFolder
-from .streaming import FORMAT, MANIFEST, filesystem, manifest_problem
+from .streaming import FORMAT, MANIFEST, filesystem, manifest_problem, shards_digest
 
 SPLITS = ("train", "eval")
 
@@ -110,8 +110,7 @@ def prepare(source: str, out: str, block_size: int = 256, vocab_size: int = 8192
     for split, table in splits.items():
         manifest["splits"][split] = {"rows": table.num_rows,
                                      "shards": _write_shards(fs, root, split, table, shard_mb, console)}
-    manifest["digest"] = hashlib.sha256(json.dumps(
-        [s["sha256"] for sp in manifest["splits"].values() for s in sp["shards"]]).encode()).hexdigest()
+    manifest["digest"] = shards_digest(manifest["splits"])
     _put(fs, root, MANIFEST, json.dumps(manifest, indent=1).encode())
     return manifest, True
 

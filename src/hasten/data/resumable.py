@@ -250,6 +250,22 @@ def keeps_state(loader) -> bool:
             and not hasattr(loader, "iter_epoch") and resumable_sampler(loader) is None)
 
 
+def data_identity(loader) -> "dict | None":
+    """What the training loader's data proves itself to be, for a checkpoint to record: the
+    `data_identity` (a plain dict) of the dataset under the loader and the wrappers hasten and
+    torch put around one (`dataset`, `base`, `split`), e.g. a prepared source's manifest digest
+    (hasten.data.streaming.StreamSplit); None when nothing under it says."""
+    obj = getattr(loader, "dataset", None)
+    for _ in range(8):
+        if obj is None:
+            return None
+        found = getattr(obj, "data_identity", None)
+        if isinstance(found, dict):
+            return found
+        obj = next((getattr(obj, a) for a in ("dataset", "base", "split") if getattr(obj, a, None) is not None), None)
+    return None
+
+
 def plain_state(value, depth: int = 0) -> bool:
     """Whether a loader's state is made of what a checkpoint may hold and load without running
     code: mappings, lists, numbers, strings, None and tensors."""

@@ -13,7 +13,12 @@ Reading: `StreamSplit(url, split)` is a map-style dataset over one split. A shar
 whole when a row of it is first asked for: a local source in place, a remote one downloaded
 once into a cache folder (`cache_dir`, never a home folder hasten did not name) whose size is
 bounded (`cache_limit`): least recently used shards that hasten put there are removed first,
-nothing else in the folder ever is. Each downloaded shard is checked against its SHA-256.
+nothing else in the folder ever is. Every time a shard is decoded, the bytes decoded are first
+checked against the manifest's size and SHA-256 (a download before it enters the cache, too):
+a source that is not what its manifest says is refused in one line naming the shard. Every
+file a manifest names is a plain name inside the source, and its digest is that of its
+shards; a checkpoint records the manifest's identity (`data_identity`), so a resume on a
+source prepared again is refused.
 
 Order: `shard_local_order` (the `blocks` of hasten's ResumableSampler) draws, from (seed,
 epoch) alone, a permutation of the shards, then of the rows inside each window of
@@ -28,6 +33,7 @@ import dataclasses
 import hashlib
 import json
 import os
+import re
 import tempfile
 import time
 from collections import OrderedDict
@@ -38,8 +44,8 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from ..errors import ConfigError, DataError
-from ..files import FolderLock, atomic_write, file_digest
+from ..errors import ConfigError, DataError, brief, first_line
+from ..files import FolderLock, atomic_write
 from ..microbatch import parse_bytes
 from ..schema import setting
 from .corpus import BPE, _tokenizers
@@ -52,6 +58,8 @@ MANIFEST = "hasten-stream.json"
 FORMAT = 1
 REMOTE = ("s3://", "gs://", "gcs://", "az://", "abfs://", "abfss://", "hf://", "http://", "https://", "memory://")
 CACHE_MARK = ".hasten-stream-cache.json"   # the cache folder's index: what hasten put there
+_AGAIN = ("the source changed since it was prepared: restore it as prepared, or prepare it again "
+          "(hasten data prepare) and start a new run")
 
 
 @dataclasses.dataclass
@@ -125,8 +133,21 @@ def read_manifest(url: str) -> dict:
     return data
 
 
+FILE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,199}")
+"""A file a manifest names (a shard, the tokenizer): a plain name inside the source folder, no
+separator, no leading dot, so it cannot name a path outside the source."""
+SHA256 = re.compile(r"[0-9a-f]{64}")
+
+
+def shards_digest(splits: dict) -> str:
+    """The digest a manifest records for its shards: the SHA-256 of their SHA-256s in manifest order."""
+    return hashlib.sha256(json.dumps([s["sha256"] for sp in splits.values() for s in sp["shards"]]).encode()).hexdigest()
+
+
 def manifest_problem(m) -> "str | None":
-    """What keeps `m` from being a manifest of this format (None: nothing)."""
+    """What keeps `m` from being a manifest of this format (None: nothing): every file it names
+    is a plain name inside the source, every shard has rows, bytes and a SHA-256, and its digest
+    is the digest of those SHA-256s."""
     if not isinstance(m, dict):
         return "not a mapping"
     if m.get("format") != FORMAT:
@@ -141,12 +162,28 @@ def manifest_problem(m) -> "str | None":
         if not isinstance(shards, list) or not shards:
             return f"split {name!r} lists no shards"
         for s in shards:
-            ok = (isinstance(s, dict) and isinstance(s.get("name"), str) and "/" not in s["name"]
-                  and not s["name"].startswith(".") and isinstance(s.get("rows"), int) and s["rows"] > 0
-                  and isinstance(s.get("bytes"), int) and isinstance(s.get("sha256"), str) and len(s["sha256"]) == 64)
+            if not (isinstance(s, dict) and isinstance(s.get("name"), str) and FILE_NAME.fullmatch(s["name"])):
+                return (f"split {name!r} has a shard whose name is not a file name inside the source: "
+                        f"{brief(s.get('name') if isinstance(s, dict) else s, 80)}")
+            ok = (isinstance(s.get("rows"), int) and s["rows"] > 0 and isinstance(s.get("bytes"), int)
+                  and s["bytes"] > 0 and isinstance(s.get("sha256"), str) and SHA256.fullmatch(s["sha256"]))
             if not ok:
-                return f"split {name!r} has a shard entry that is not name/rows/bytes/sha256: {str(s)[:80]}"
+                return f"split {name!r} has a shard entry that is not name/rows/bytes/sha256: {brief(s, 80)}"
+    if m["kind"] == "tokens":
+        tok = m.get("tokenizer")
+        if not (isinstance(tok, str) and FILE_NAME.fullmatch(tok)):
+            return f"its tokenizer {brief(tok, 80)} is not a file name inside the source"
+        if not (isinstance(m.get("tokenizer_sha256"), str) and SHA256.fullmatch(m["tokenizer_sha256"])):
+            return "it records no SHA-256 of its tokenizer"
+    if m.get("digest") != shards_digest(splits):
+        return "its digest is not the digest of the shards it lists (the manifest was edited)"
     return None
+
+
+def manifest_identity(manifest: dict) -> str:
+    """What a checkpoint records of the prepared source it trained on: the digest of its shards
+    and of its tokenizer. A resume on a source with another identity is refused."""
+    return hashlib.sha256(json.dumps([manifest["digest"], manifest.get("tokenizer_sha256")]).encode()).hexdigest()
 
 
 class ShardCache:
@@ -168,12 +205,20 @@ class ShardCache:
     def _save(self, index: dict) -> None:
         atomic_write(self.folder / CACHE_MARK, lambda f: json.dump(index, f), binary=False)
 
-    def get(self, fs, remote: str, name: str, size: int, sha256: str) -> Path:
+    def read(self, fs, remote: str, name: str, size: int, sha256: str, where: "str | None" = None) -> bytes:
+        """The bytes of shard `name`, proven by `sha256`: the cached copy when it is still the
+        shard (a copy that is not, changed on disk since, is downloaded again: the index says it
+        is hasten's), else downloaded from `remote` under the folder's lock and checked before
+        it enters the cache (a shard changed in the store is refused). `where` names the shard in
+        messages (its URL)."""
+        where = where or remote
         local = self.folder / name
         index = self._index()
         if name in index and local.is_file() and local.stat().st_size == size:
-            index[name]["used"] = time.time()
-            return local
+            data = local.read_bytes()
+            if hashlib.sha256(data).hexdigest() == sha256:
+                index[name]["used"] = time.time()
+                return data
         self.folder.mkdir(parents=True, exist_ok=True)
         lock = FolderLock(self.folder, "stream cache folder")
         for _ in range(600):   # another process (a loader worker) may be downloading: wait for it
@@ -187,26 +232,35 @@ class ShardCache:
         try:
             index = self._index()
             if name in index and local.is_file() and local.stat().st_size == size:
-                return local
+                data = local.read_bytes()
+                if hashlib.sha256(data).hexdigest() == sha256:
+                    return data   # another process downloaded it meanwhile
             if size > self.limit:
                 raise DataError(f"shard {name} ({size >> 20} MiB) is larger than data.stream_cache_limit "
                                 f"({self.limit >> 20} MiB); raise the limit")
+            index.pop(name, None)
             self._evict(index, size)
             fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=self.folder)
             os.close(fd)
             try:
-                fs.get_file(remote, tmp)
-                got = file_digest(tmp)
+                try:
+                    fs.get_file(remote, tmp)
+                except FileNotFoundError:
+                    raise DataError(f"{where}: the shard is missing from the store (its manifest lists it); "
+                                    "upload the whole source again, or prepare it again") from None
+                data = Path(tmp).read_bytes()
+                got = hashlib.sha256(data).hexdigest()
                 if got != sha256:
-                    raise DataError(f"{remote}: its SHA-256 is {got[:12]}..., the manifest says {sha256[:12]}...: the "
-                                    "shard changed since it was prepared; prepare the source again")
+                    raise DataError(f"{where}: its SHA-256 is {got[:12]}..., the manifest says {sha256[:12]}...: the "
+                                    "shard changed in the store since it was prepared; restore it as prepared, or "
+                                    "prepare the source again (hasten data prepare) and start a new run")
                 os.replace(tmp, local)
             finally:
                 if os.path.exists(tmp):
                     os.unlink(tmp)
             index[name] = {"bytes": size, "used": time.time()}
             self._save(index)
-            return local
+            return data
         finally:
             lock.release()
 
@@ -235,6 +289,9 @@ class StreamSplit(Dataset):
         if split not in self.manifest["splits"]:
             raise DataError(f"{url} has no split {split!r} (it has {', '.join(self.manifest['splits'])})")
         self.shards = self.manifest["splits"][split]["shards"]
+        # what a checkpoint records of the data (hasten.data.resumable.data_identity): a resume on
+        # another source, or on this one prepared again, is refused
+        self.data_identity = {"source": self.url, "split": split, "manifest": manifest_identity(self.manifest)}
         self.blocks = [s["rows"] for s in self.shards]
         self._starts = np.concatenate([[0], np.cumsum(self.blocks)]).astype(np.int64)
         self.remote = is_remote(url)
@@ -252,23 +309,50 @@ class StreamSplit(Dataset):
     def __len__(self) -> int:
         return int(self._starts[-1])
 
+    def _shard_bytes(self, shard: dict) -> bytes:
+        """The bytes of `shard`, proven to be the ones its manifest lists (size and SHA-256)
+        before any row of them is used: a local source in place, a remote one through the cache
+        (ShardCache.read, which checks the same)."""
+        name = shard["name"]
+        if self.remote:
+            fs, root = filesystem(self.url)
+            return self.cache.read(fs, f"{root.rstrip('/')}/{name}", name, shard["bytes"], shard["sha256"],
+                                   where=f"{self.url}/{name}")
+        root = Path(self.url).expanduser().resolve()
+        path = (root / name).resolve()
+        if not path.is_relative_to(root):
+            raise DataError(f"{self.url}: shard {name} is a link to {path}, outside the source; a prepared source "
+                            "holds its own shards: prepare it again")
+        try:
+            data = path.read_bytes()
+        except FileNotFoundError:
+            raise DataError(f"{self.url}: shard {name} is missing (its manifest lists it); copy the whole source "
+                            "again, or prepare it again") from None
+        except OSError as e:
+            raise DataError(f"{self.url}: shard {name} cannot be read ({e.strerror or e}); check the folder's "
+                            "permissions, or prepare the source again") from None
+        if len(data) != shard["bytes"]:
+            raise DataError(f"{self.url}: shard {name} has {len(data):,} bytes, its manifest says {shard['bytes']:,}; "
+                            f"{_AGAIN}")
+        got = hashlib.sha256(data).hexdigest()
+        if got != shard["sha256"]:
+            raise DataError(f"{self.url}: shard {name} is not the shard its manifest lists (its SHA-256 is "
+                            f"{got[:12]}..., the manifest says {shard['sha256'][:12]}...); {_AGAIN}")
+        return data
+
     def _table(self, s: int):
         if s in self._tables:
             self._tables.move_to_end(s)
             return self._tables[s]
-        import pyarrow.parquet as pq   # optional extra: stream
+        import pyarrow as pa   # optional extra: stream
+        import pyarrow.parquet as pq
         shard = self.shards[s]
-        if self.remote:
-            fs, root = filesystem(self.url)
-            path = self.cache.get(fs, f"{root.rstrip('/')}/{shard['name']}", shard["name"], shard["bytes"],
-                                  shard["sha256"])
-        else:
-            path = Path(self.url).expanduser() / shard["name"]
+        data = self._shard_bytes(shard)
         try:
-            table = pq.read_table(path, memory_map=True)
-        except Exception as e:   # a damaged or missing shard
+            table = pq.read_table(pa.BufferReader(data))
+        except Exception as e:   # bytes the manifest vouches for that pyarrow cannot read: prepared by another tool
             raise DataError(f"{self.url}: shard {shard['name']} cannot be read ({type(e).__name__}: "
-                            f"{str(e).splitlines()[0][:120] if str(e) else ''}); prepare the source again") from None
+                            f"{first_line(e)[:120]}); prepare the source again") from None
         if table.num_rows != shard["rows"]:
             raise DataError(f"{self.url}: shard {shard['name']} has {table.num_rows} rows, the manifest says "
                             f"{shard['rows']}; prepare the source again")
@@ -349,15 +433,20 @@ class MaskPairs:
 def load_tokenizer(url: str, manifest: dict):
     """The BPE tokenizer a prepared token source carries, checked against its recorded digest."""
     fs, root = filesystem(url)
+    name = manifest["tokenizer"]   # a plain file name inside the source (manifest_problem)
     try:
-        with fs.open(f"{root.rstrip('/')}/{manifest['tokenizer']}", "rb") as f:
-            text = f.read().decode()
-    except (OSError, KeyError) as e:
-        raise DataError(f"{url}: its tokenizer cannot be read ({e}); prepare the source again") from None
+        with fs.open(f"{root.rstrip('/')}/{name}", "rb") as f:
+            data = f.read(1 << 28)
+    except OSError as e:
+        raise DataError(f"{url}: its tokenizer {name} cannot be read ({e}); prepare the source again") from None
     Tokenizer, = _tokenizers("Tokenizer")
-    tok = BPE(Tokenizer.from_str(text))
+    try:
+        tok = BPE(Tokenizer.from_str(data.decode()))
+    except Exception as e:   # not a tokenizer the tokenizers library reads
+        raise DataError(f"{url}: its tokenizer {name} cannot be read ({type(e).__name__}: {first_line(e)[:100]}); "
+                        f"{_AGAIN}") from None
     if tok.digest != manifest.get("tokenizer_sha256"):
-        raise DataError(f"{url}: its tokenizer is not the one its manifest records; prepare the source again")
+        raise DataError(f"{url}: its tokenizer {name} is not the one its manifest records; {_AGAIN}")
     return tok
 
 
@@ -376,4 +465,5 @@ def splits(url: str, manifest: dict, options: StreamOptions, names: tuple[str, s
 
 
 __all__ = ["MANIFEST", "ShardCache", "StreamImages", "StreamOptions", "StreamSplit", "StreamTokens", "filesystem",
-           "is_remote", "is_stream", "manifest_problem", "read_manifest", "shard_local_order"]
+           "is_remote", "is_stream", "manifest_problem", "read_manifest", "shard_local_order", "shards_digest",
+           "manifest_identity"]
