@@ -1099,6 +1099,185 @@ def p3_user_code(d: Path):
     return ok1 and r2.returncode == 0 and warned and ok3, f"{g1[:60]}; warned {warned}; {g3[:60]}"
 
 
+# ---------------------------------------------------------------------------- round four (issue 92)
+STREAM_GPT = ["prose-gpt-baseline", "model.n_layer=1", "model.n_head=2", "model.n_embd=16", "data.block_size=16",
+              "data.batch_size=4", "data.eval_batch_size=8", "data.eval_tokens=256", "trainer.eval_interval=8ba",
+              "trainer.precision=fp32", "trainer.tensorboard=false", "trainer.threads=1", "--no-progress"]
+
+
+def one_error(r) -> tuple[bool, str]:
+    """Exit non-zero with exactly one `hasten: error:` line and no traceback; hasten's own notices
+    (`hasten: ...`, e.g. that a run folder it made was removed) may stand beside it."""
+    lines = [ln for ln in r.stderr.strip().splitlines() if ln.strip()]
+    errors = [ln for ln in lines if ln.startswith("hasten: error:")]
+    ok = (r.returncode != 0 and len(errors) == 1 and all(ln.startswith("hasten:") for ln in lines)
+          and "Traceback" not in r.stderr)
+    return ok, f"exit {r.returncode}: {(errors or lines or [''])[0][:150]}"
+
+
+def _prepared(d: Path, name: str = "src", seed: int = 0) -> tuple[Path, dict]:
+    """A tiny token source prepared by the command line, in many small shards; its manifest."""
+    corpus = d / "stream-corpus.jsonl"
+    if not corpus.exists():
+        _corpus(corpus, docs=40)
+    r = hasten("data", "prepare", str(corpus), "--out", name, "--block-size", "16", "--vocab-size", "300",
+               "--shard-mb", "0.004", "--seed", str(seed), "--no-progress", cwd=d)
+    assert r.returncode == 0, r.stderr[-500:]
+    return d / name, json.loads((d / name / "hasten-stream.json").read_text())
+
+
+def _same_rows_other_content(shard: Path) -> None:
+    """The shard rewritten with the same rows (count and schema), each window's tokens reversed."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    t = pq.read_table(shard)
+    width = t.schema.field("tokens").type.list_size
+    tokens = t.column("tokens").combine_chunks().flatten().to_numpy().reshape(-1, width)[:, ::-1].copy()
+    pq.write_table(pa.table({"tokens": pa.FixedSizeListArray.from_arrays(tokens.reshape(-1), width),
+                             "segments": t.column("segments")}), shard)
+
+
+@probe("4.1 every training shard of a local source replaced (same rows, other content), manifest unchanged",
+       "refused in one line naming a shard, before its rows are used")
+def p4_replaced(d: Path):
+    src, m = _prepared(d)
+    for s in m["splits"]["train"]["shards"]:
+        _same_rows_other_content(src / s["name"])
+    r = hasten("train", *STREAM_GPT, "data.source=src", "trainer.max_duration=8ba", "trainer.run_dir=R", cwd=d)
+    ok, got = one_error(r)
+    named = any(s["name"] in r.stderr for s in m["splits"]["train"]["shards"])
+    return ok and named and "changed since it was prepared" in r.stderr and not (d / "R" / "checkpoints").exists(), got
+
+
+@probe("4.1 shards replaced between a checkpoint and --resume", "the resume refused in one line naming the shard")
+def p4_replaced_before_resume(d: Path):
+    src, m = _prepared(d)
+    r = hasten("train", *STREAM_GPT, "data.source=src", "trainer.max_duration=8ba", "trainer.save_interval=4ba",
+               "trainer.keep_last=2", "trainer.run_dir=R", cwd=d)
+    assert r.returncode == 0, r.stderr[-500:]
+    (d / "R" / "checkpoints" / "ep0-ba8.pt").unlink()
+    for s in m["splits"]["train"]["shards"]:
+        _same_rows_other_content(src / s["name"])
+    r = hasten("train", "--resume", "R", "--no-progress", cwd=d)
+    ok, got = one_error(r)
+    return ok and "changed since it was prepared" in r.stderr and not (d / "R" / "checkpoints" / "ep0-ba8.pt").exists(), got
+
+
+@probe("4.1 the source prepared again (other shards, the same tokenizer) between a checkpoint and --resume",
+       "the resume refused in one line: the checkpoint was trained on other data")
+def p4_reprepared_before_resume(d: Path):
+    src, m = _prepared(d)
+    r = hasten("train", *STREAM_GPT, "data.source=src", "trainer.max_duration=8ba", "trainer.save_interval=4ba",
+               "trainer.keep_last=2", "trainer.run_dir=R", cwd=d)
+    assert r.returncode == 0, r.stderr[-500:]
+    (d / "R" / "checkpoints" / "ep0-ba8.pt").unlink()
+    shutil.rmtree(src)
+    _, again = _prepared(d, seed=1)
+    assert again["digest"] != m["digest"] and again["tokenizer_sha256"] == m["tokenizer_sha256"]
+    r = hasten("train", "--resume", "R", "--no-progress", cwd=d)
+    ok, got = one_error(r)
+    return ok and "was trained on" in r.stderr and "other data" in r.stderr, got
+
+
+@probe("4.1 a manifest whose SHA-256 of a shard is wrong", "refused in one line before training")
+def p4_wrong_sha(d: Path):
+    src, m = _prepared(d)
+    m["splits"]["train"]["shards"][0]["sha256"] = "0" * 64
+    (src / "hasten-stream.json").write_text(json.dumps(m))
+    r = hasten("train", *STREAM_GPT, "data.source=src", "trainer.max_duration=4ba", "trainer.run_dir=R", cwd=d)
+    ok, got = one_error(r)
+    return ok and "hasten-stream.json" in r.stderr and not (d / "R").exists(), got
+
+
+def _worker_case(change, needle_of):
+    def fn(d: Path):
+        src, m = _prepared(d)
+        shard = m["splits"]["train"]["shards"][0]["name"]
+        change(src, m, shard)
+        got, lines = [], []
+        for w in (0, 2):
+            r = hasten("train", *STREAM_GPT, "data.source=src", f"data.num_workers={w}", "trainer.max_duration=4ba",
+                       f"trainer.run_dir=R{w}", cwd=d)
+            ok, g = one_error(r)
+            got.append(g)
+            lines.append((ok and needle_of(shard) in r.stderr, next((ln for ln in r.stderr.splitlines()
+                                                                     if ln.startswith("hasten: error:")), "")))
+        same = lines[0][1] == lines[1][1]
+        return all(ok for ok, _ in lines) and same, f"0 and 2 workers {'the same line' if same else 'differ'}: {got[1]}"
+    return fn
+
+
+def _truncate(src, m, shard):
+    (src / shard).write_bytes((src / shard).read_bytes()[:500])
+
+
+def _text(src, m, shard):
+    (src / shard).write_text("not a shard\n" * 40)
+
+
+def _missing(src, m, shard):
+    (src / shard).unlink()
+
+
+def _empty_name(src, m, shard):
+    m["splits"]["train"]["shards"][0]["name"] = ""
+    (src / "hasten-stream.json").write_text(json.dumps(m))
+
+
+for _label, _change, _needle in [
+        ("a shard truncated to 500 bytes", _truncate, lambda s: s),
+        ("a shard replaced by a text file", _text, lambda s: s),
+        ("a shard listed in the manifest but missing", _missing, lambda s: f"{s} is missing"),
+        ("a manifest shard entry with an empty name", _empty_name, lambda s: "not a file name inside the source")]:
+    probe(f"4.2 {_label}, 0 and 2 loader workers", "one line naming the shard, the same whatever the worker count")(
+        _worker_case(_change, _needle))
+
+
+@probe("4.2 shards replaced in an S3 bucket (an S3-compatible server on the loopback address), 2 loader workers",
+       "one line naming the shard and that it changed in the store")
+def p4_s3_replaced(d: Path):
+    import logging
+
+    import boto3
+    from moto.server import ThreadedMotoServer
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)   # the server's request log
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    try:
+        endpoint = f"http://127.0.0.1:{server._server.server_port}"
+        env = {"AWS_ENDPOINT_URL": endpoint, "AWS_ACCESS_KEY_ID": "probe", "AWS_SECRET_ACCESS_KEY": "probe",
+               "AWS_DEFAULT_REGION": "us-east-1"}
+        s3 = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1", aws_access_key_id="probe",
+                          aws_secret_access_key="probe")
+        s3.create_bucket(Bucket="data")
+        src, m = _prepared(d)
+        for p in sorted(src.iterdir()):
+            s3.put_object(Bucket="data", Key=f"src/{p.name}", Body=p.read_bytes())
+        for s in m["splits"]["train"]["shards"]:
+            _same_rows_other_content(src / s["name"])
+            s3.put_object(Bucket="data", Key=f"src/{s['name']}", Body=(src / s["name"]).read_bytes())
+        r = hasten("train", *STREAM_GPT, "data.source=s3://data/src", "data.num_workers=2", "trainer.max_duration=4ba",
+                   "trainer.run_dir=R", "data.stream_cache=cache", cwd=d, env=env)
+    finally:
+        server.stop()
+    ok, got = one_error(r)
+    cached = [p.name for p in (d / "cache").rglob("*.parquet")]
+    return ok and "changed in the store" in r.stderr and not cached, f"{got}; cached {cached}"
+
+
+@probe("4.3 a manifest whose tokenizer path leaves the source ('../planted/tok.json', the right tokenizer planted)",
+       "the manifest refused in one line; nothing outside the source read")
+def p4_tokenizer_path(d: Path):
+    src, m = _prepared(d)
+    (d / "planted").mkdir()
+    shutil.copy(src / "tokenizer.json", d / "planted" / "tok.json")   # the same tokenizer: only the path is wrong
+    m["tokenizer"] = "../planted/tok.json"
+    (src / "hasten-stream.json").write_text(json.dumps(m))
+    r = hasten("train", *STREAM_GPT, "data.source=src", "trainer.max_duration=4ba", "trainer.run_dir=R", cwd=d)
+    ok, got = one_error(r)
+    return ok and "not a file name inside the source" in r.stderr, got
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--only", help="run the probes whose name contains this")
