@@ -16,8 +16,8 @@ as a remote store's would not: a bound on what a network store costs here, not a
 checkout's code (its `src` first on the path; e.g. `git worktree add ../before COMMIT`): what a
 change of the reading path costs a step, measured in the same rounds. Every run records the
 code it ran (provenance.code_version in the run's own process). `--only TEXT` keeps the
-configurations whose task or path holds TEXT; `--shard-mb` sets the shards' size (smaller
-shards put more shard reads inside the timed steps).
+configurations whose task or path holds TEXT; `--image-shard-mb` and `--token-shard-mb` set
+the shards' sizes (smaller shards put more shard reads inside the timed steps).
 """
 from __future__ import annotations
 
@@ -105,9 +105,11 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=20, help="timed steps a run")
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--name", default="stream_rate")
-    ap.add_argument("--only", help="keep the configurations whose task or path holds this text")
+    ap.add_argument("--only", action="append", help="keep the configurations whose task or path holds this text "
+                    "(repeat for several)")
     ap.add_argument("--before", metavar="CHECKOUT", help="also run every streamed configuration under this checkout's code")
-    ap.add_argument("--shard-mb", type=float, default=16.0, help="the prepared sources' shard size (default 16)")
+    ap.add_argument("--image-shard-mb", type=float, default=16.0, help="CIFAR-10's shard size in MiB (default 16)")
+    ap.add_argument("--token-shard-mb", type=float, default=16.0, help="the corpus's shard size in MiB (default 16)")
     ap.add_argument("--no-resume", action="store_true", help="leave out the resume at step 100,000")
     args = ap.parse_args()
     import boto3
@@ -123,10 +125,10 @@ def main() -> int:
     os.environ.update(s3env)
     boto3.client("s3", endpoint_url=endpoint).create_bucket(Bucket="bench")
     t0 = time.perf_counter()
-    prepare(args.data, str(tmp / "cifar"), shard_mb=args.shard_mb)
-    prepare(args.data, "s3://bench/cifar", shard_mb=args.shard_mb)
-    prepare(args.corpus, str(tmp / "prose"), block_size=256, shard_mb=args.shard_mb)
-    prepare(args.corpus, "s3://bench/prose", block_size=256, shard_mb=args.shard_mb)
+    prepare(args.data, str(tmp / "cifar"), shard_mb=args.image_shard_mb)
+    prepare(args.data, "s3://bench/cifar", shard_mb=args.image_shard_mb)
+    prepare(args.corpus, str(tmp / "prose"), block_size=256, shard_mb=args.token_shard_mb)
+    prepare(args.corpus, "s3://bench/prose", block_size=256, shard_mb=args.token_shard_mb)
     prepared_s = time.perf_counter() - t0
     total = args.warmup + args.steps
     cifar = ["cifar10-baseline", f"trainer.max_duration={total}ba", "trainer.eval_interval=100000ba"]
@@ -154,7 +156,7 @@ def main() -> int:
                    ([conf, (conf[0], f"{conf[1]}, code before", conf[2], {"PYTHONPATH": src})]
                     if conf[1].startswith("streamed") else [conf])]
     if args.only:
-        configs = [c for c in configs if args.only in c[0] or args.only in c[1]]
+        configs = [c for c in configs if any(o in c[0] or o in c[1] for o in args.only)]
     results = {i: [] for i in range(len(configs))}
     for r in range(args.rounds):
         order = list(range(len(configs)))
@@ -171,7 +173,8 @@ def main() -> int:
         (("local folder", str(tmp / "prose")), ("S3 (local server)", "s3://bench/prose"))}
     server.stop()
     rows, data = [], {"configs": [], "resume": resume, "prepare_s": prepared_s, "rounds": args.rounds,
-                      "steps": args.steps, "warmup": args.warmup, "shard_mb": args.shard_mb}
+                      "steps": args.steps, "warmup": args.warmup,
+                      "shard_mb": {"cifar10": args.image_shard_mb, "prose GPT": args.token_shard_mb}}
     base = {}
     for i, (task, label, cargs, env) in enumerate(configs):
         rs = results[i]
@@ -193,7 +196,8 @@ def main() -> int:
                                      for t, p, m, lo, hi in twins]
     codes = sorted({(x["code"] or {}).get("commit") or "?" for c in data["configs"] for x in c["runs"]})
     md = (f"# Step rate by data path\n\n`hasten train` of {args.warmup} warm-up and {args.steps} timed steps a run, "
-          f"{args.rounds} rounds alternating, shards of {args.shard_mb:g} MiB; the median over rounds (range); against "
+          f"{args.rounds} rounds alternating, shards of {args.image_shard_mb:g} MiB (CIFAR-10) and "
+          f"{args.token_shard_mb:g} MiB (prose); the median over rounds (range); against "
           f"the task's first path (in memory where it ran). Code the runs recorded: {', '.join(c[:10] for c in codes)}. "
           "Peak "
           "memory: the training process, and the largest loader worker (0 without workers). The S3 server (moto) runs "
