@@ -3,6 +3,7 @@
 reduction) is in test_trainer.py, item 9 (exit 143 after SIGTERM) in test_resume.py, item 10
 (a global batch smaller than the world) in test_distributed.py."""
 import json
+import math
 import os
 import signal
 import subprocess
@@ -19,6 +20,7 @@ from hasten import Trainer
 from hasten.algorithms import EMA
 from hasten.bench.report import _ci
 from hasten.bench.runner import Spec, run_comparison, run_identity
+from hasten.bench.stats import ratio_ci
 from hasten.bench.survival import censored_speedup, describe_speedup
 from hasten.cli import main
 from hasten.config import load_recipe
@@ -170,12 +172,16 @@ def test_7_a_target_on_a_metric_no_run_logs_is_refused_before_any_run(tmp_path, 
     assert "val/los" in err and "Did you mean 'val/loss'" in err and not any(tmp_path.iterdir())
 
 
-def test_8_one_seed_gives_no_interval():
+def test_8_fewer_than_three_runs_a_side_give_no_interval():
     one = censored_speedup([(10.0, True)], [(5.0, True)])
-    assert describe_speedup(one) == "2.000x (1 seed: no interval)"
-    assert _ci({"ratio": 2.0, "low": float("nan"), "high": float("nan"), "n": (1, 1)}) == "2.000x (1 seed: no interval)"
+    assert describe_speedup(one) == "2.000x (1 run a side: no interval, the runs are listed)"
+    assert _ci({"ratio": 2.0, "low": float("nan"), "high": float("nan"), "n": (1, 1)}) == \
+        "2.000x (1 run a side: no interval, the runs are listed)"
     two = censored_speedup([(10.0, True), (11.0, True)], [(5.0, True), (6.0, True)])
-    assert "[" in describe_speedup(two)
+    assert math.isnan(two["low"]) and describe_speedup(two).endswith("(2 runs a side: no interval, the runs are listed)")
+    assert math.isnan(ratio_ci([10.0, 11.0, 12.0], [5.0, 6.0])["low"])
+    three = censored_speedup([(10.0, True), (11.0, True), (12.0, True)], [(5.0, True), (6.0, True), (6.5, True)])
+    assert "[" in describe_speedup(three) and not math.isnan(ratio_ci([10.0, 11.0, 12.0], [5.0, 6.0, 6.5])["low"])
 
 
 # ---------------------------------------------------------------------------- hangs

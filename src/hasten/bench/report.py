@@ -26,7 +26,7 @@ from ..files import atomic_write
 from ..hardware import describe_cpu
 from ..provenance import describe as describe_code
 from .runner import COUNTED, bench_outputs, outcome
-from .stats import describe, ratio_ci, welch_t_test
+from .stats import MIN_RUNS, describe, no_interval_note, ratio_ci, welch_t_test
 from .survival import censored_speedup, describe_speedup, km_median
 from .target import Target
 
@@ -117,7 +117,10 @@ def analyse(runs: list[dict], labels: list[str], target: Target) -> dict:
     out = {"target": str(target), "target_value": target.value, "metric": target.metric, "recipes": {},
            "failed": [{"label": r["label"], "seed": r["seed"], "error": r.get("error"), "log": r.get("log")}
                       for r in latest if outcome(r) == "failed"],
-           "interrupted": [{"label": r["label"], "seed": r["seed"]} for r in latest if outcome(r) == "interrupted"]}
+           "interrupted": [{"label": r["label"], "seed": r["seed"]} for r in latest if outcome(r) == "interrupted"],
+           "every_run": [_run_row(r, target) for r in sorted(latest, key=lambda r: (labels.index(r["label"])
+                                                                                   if r["label"] in labels else 99,
+                                                                                   r["seed"]))]}
     per = {}
     for label in labels:
         rs = sorted((r for r in runs if r["label"] == label), key=lambda r: r["seed"])
@@ -152,6 +155,16 @@ def analyse(runs: list[dict], labels: list[str], target: Target) -> dict:
     return out
 
 
+def _run_row(r: dict, target: Target) -> dict:
+    """One run as the report lists it, whatever became of it."""
+    counted = outcome(r) in COUNTED
+    hit = time_to_target(r, target) if counted else None
+    return {"label": r["label"], "seed": r["seed"], "status": outcome(r), "counted": counted,
+            "time_to_target_s": hit["seconds"] if hit else None, "timed_s": timed_duration(r) if counted else None,
+            "final": final_metric(r, target.metric) if counted else None,
+            "commit": ((r.get("final") or {}).get("code") or {}).get("commit")}
+
+
 def _f(x, digits=3):
     if x is None or (isinstance(x, float) and math.isnan(x)):
         return "–"
@@ -162,7 +175,7 @@ def _ci(c):
     if not c or math.isnan(c["ratio"]):
         return "–"
     if math.isnan(c["low"]):
-        return f"{c['ratio']:.3f}x" + (" (1 seed: no interval)" if min(c.get("n") or (2,)) < 2 else "")
+        return f"{c['ratio']:.3f}x" + no_interval_note(c.get("n") or (MIN_RUNS,))
     return f"{c['ratio']:.3f}x [{c['low']:.3f}, {c['high']:.3f}]"
 
 
@@ -205,6 +218,19 @@ def markdown(analysis: dict, title: str, command: str | None = None) -> str:
             f"{_f(p, 3)} | {_f(td['mean'], 1)} ± {_f(td['std'], 1)} | {_ci(r['speedup_timed_duration'])} | "
             f"{_f(r['warmup_s']['mean'], 2)} | {_f(r['eval_s']['mean'], 1)} | {_f(r['data_setup_s']['mean'], 1)} | "
             f"{_f(r['samples']['mean'], 0)} | {_f(r['tokens']['mean'], 0)} | {_f(r['peak_memory_mb']['mean'], 0)} |")
+    if analysis.get("every_run"):
+        fewest = min((r["runs"] for r in analysis["recipes"].values()), default=0)
+        lines += ["", "## Every run", ""]
+        if fewest < MIN_RUNS:
+            lines += [f"Fewer than {MIN_RUNS} counted runs a side: the speedups above are point figures with no "
+                      "interval; read the runs.", ""]
+        lines += [f"| recipe | seed | status | time to target s | timed s | final {m} | commit |",
+                  "|---|---|---|---|---|---|---|"]
+        for r in analysis["every_run"]:
+            reach = (_f(r["time_to_target_s"], 1) if r["time_to_target_s"] is not None
+                     else "missed" if r["counted"] else "not counted")
+            lines.append(f"| {r['label']} | {r['seed']} | {r['status']} | {reach} | {_f(r['timed_s'], 1)} | "
+                         f"{_f(r['final'], 4)} | {(r['commit'] or '?')[:10]} |")
     if analysis.get("failed"):
         lines += ["", "## Failed runs (not counted; rerun when the comparison is continued)", "",
                   "| recipe | seed | error | log |", "|---|---|---|---|"]

@@ -3,8 +3,9 @@
 - `welch_t_test(a, b)`: Welch's unequal-variance t-test, two-sided p-value.
 - `ratio_ci(base, other)`: speedup `base/other` as the ratio of geometric means, with a
   confidence interval from Welch's t-interval on the difference of mean log times. Times
-  are positive and roughly log-normal, so the interval is exact under that model at any n
-  >= 2 and needs no normal approximation; it is wide at n = 3, as it should be.
+  are positive and roughly log-normal, so the interval is exact under that model; it is wide
+  at n = 3, as it should be. With fewer than `MIN_RUNS` runs a side there is no interval
+  (with two, a "95%" interval is little more than the spread of four cross-ratios).
 - `median_ci(xs)`: a median with its 95% bootstrap interval (many per-step times of one run).
 - `t_ppf`, `t_sf`: Student's t distribution through the regularised incomplete beta
   function (continued fraction, Lentz's method).
@@ -15,6 +16,17 @@ import math
 import random
 import statistics
 from statistics import mean, stdev
+
+MIN_RUNS = 3
+"""The fewest runs a side from which hasten states an interval (a speedup, a difference): with
+fewer, a report lists the runs and gives the point figure only."""
+
+
+def no_interval_note(n: "tuple[int, int] | list[int]") -> str:
+    """What a report says in place of an interval when a side has fewer than MIN_RUNS runs."""
+    fewest = min(n)
+    return (f" ({fewest} run{'s' if fewest != 1 else ''} a side: no interval, the runs are listed)"
+            if fewest < MIN_RUNS else "")
 
 
 def _betacf(a: float, b: float, x: float) -> float:
@@ -100,7 +112,7 @@ def ratio_ci(base: list[float], other: list[float], level: float = 0.95) -> dict
         return {"ratio": float("nan"), "low": float("nan"), "high": float("nan"), "n": (len(base), len(other))}
     lb, lo = [math.log(x) for x in base], [math.log(x) for x in other]
     ratio = math.exp(mean(lb) - mean(lo))
-    if len(lb) < 2 or len(lo) < 2:
+    if len(lb) < MIN_RUNS or len(lo) < MIN_RUNS:
         return {"ratio": ratio, "low": float("nan"), "high": float("nan"), "n": (len(base), len(other))}
     diff, se, df = _welch(lb, lo)
     if se == 0:   # every run took exactly the same time: no spread to make an interval from

@@ -18,13 +18,16 @@ it is (its slowest runs are the ones dropped).
 
 With no misses the point estimate is the ratio of ordinary medians. With 3 runs per recipe
 the bootstrap interval is coarse (a median of 3 resampled runs is one of the 3 runs); it
-is stated as what it is, not as an exact interval.
+is stated as what it is, not as an exact interval. With fewer than 3 runs a side
+(stats.MIN_RUNS) there is none: the report lists the runs.
 """
 from __future__ import annotations
 
 import math
 import random
 from typing import Sequence
+
+from .stats import MIN_RUNS, no_interval_note
 
 Run = tuple[float, bool]   # (seconds: to the target if reached, else the whole timed run; reached?)
 
@@ -57,7 +60,7 @@ def censored_speedup(base: Sequence[Run], other: Sequence[Run], level: float = 0
     if not base or not other:
         return out
     mb, mo = km_median(base), km_median(other)
-    one_each = len(base) < 2 or len(other) < 2   # a resample of one run is that run: no spread, no interval
+    few = len(base) < MIN_RUNS or len(other) < MIN_RUNS   # too few runs for an interval (stats.MIN_RUNS)
     longest_b, longest_o = max(t for t, _ in base), max(t for t, _ in other)
     if mb is not None and mo is not None:
         out["ratio"] = mb / mo
@@ -67,7 +70,7 @@ def censored_speedup(base: Sequence[Run], other: Sequence[Run], level: float = 0
         out["bound"], out["ratio_bound"] = "<", mb / longest_o
     rng = random.Random(seed)
     ratios = []
-    for _ in range(0 if one_each else resamples):
+    for _ in range(0 if few else resamples):
         b = km_median([base[rng.randrange(len(base))] for _ in base])
         o = km_median([other[rng.randrange(len(other))] for _ in other])
         if b is None and o is None:
@@ -82,7 +85,8 @@ def censored_speedup(base: Sequence[Run], other: Sequence[Run], level: float = 0
 
 
 def describe_speedup(s: dict | None) -> str:
-    """'2.990x [2.070, 4.320]', '> 1.8x [1.2, inf)', or '–'."""
+    """'2.990x [2.070, 4.320]', '> 1.8x [1.2, inf)', '1.530x (2 runs a side: no interval, the runs are
+    listed)', or '–'."""
     if not s:
         return "–"
     def end(x):
@@ -94,5 +98,5 @@ def describe_speedup(s: dict | None) -> str:
     else:
         point = "neither reached by half"
     if math.isnan(s["low"]):
-        return point + (" (1 seed: no interval)" if min(s.get("runs") or [2]) < 2 else "")
+        return point + no_interval_note(s.get("runs") or [MIN_RUNS])
     return f"{point} [{end(s['low'])}, {end(s['high'])}" + (")" if s["high"] == math.inf else "]")
