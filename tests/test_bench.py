@@ -365,8 +365,20 @@ def test_the_order_sentence_is_derived_from_the_records_provenance():
     said = order_sentence(copied, "pair")
     assert "copied from earlier-pair" in said and "alternating" not in said
     # hasten bench records the results folder's dated name; the harness knows the comparison's name
-    dated = {"peer": [rec("t1"), rec("t3")], "hasten": [rec("t2", "2026-12-06-epyc-bf16-pair"), rec("t4", "2026-12-06-h200-pair")]}
+    dated = {"peer": [rec("t1"), rec("t3")], "hasten": [rec("t2", "2026-12-06-epyc-bf16-pair"), rec("t4", "2026-12-06-epyc-bf16-pair")]}
     assert order_sentence(dated, "pair").startswith("runs alternating")
+    # ... but two dated folders are two comparisons (one of them another machine's): never alternating
+    two = {"peer": [rec("t1"), rec("t3")], "hasten": [rec("t2", "2026-12-06-epyc-bf16-pair"), rec("t4", "2026-12-06-h200-pair")]}
+    said = order_sentence(two, "pair")
+    assert "alternating" not in said.replace("not alternating", "") and "copied from 2026-12-06-epyc-bf16-pair" in said
+
+    def on(started, machine):
+        return {"provenance": {"started": started, "comparison": "pair", "machine": {"cpu": machine}}}
+    mixed = {"peer": [on("t1", "EPYC"), on("t3", "EPYC")], "hasten": [on("t2", "EPYC"), on("t4", "Xeon")]}
+    said = order_sentence(mixed, "pair")
+    assert said.startswith("runs recorded on 2 different machines") and "runs alternating" not in said
+    same = {"peer": [on("t1", "EPYC"), on("t3", "EPYC")], "hasten": [on("t2", "EPYC"), on("t4", "EPYC")]}
+    assert order_sentence(same, "pair").startswith("runs alternating")
     unknown = {"peer": [{"seed": 0}], "hasten": [rec("t2")]}
     assert "order is unknown" in order_sentence(unknown, "pair")
 

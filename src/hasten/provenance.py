@@ -9,6 +9,7 @@ benchmark result files carry it; reports print it.
 from __future__ import annotations
 
 import datetime
+import json
 import re
 import functools
 import hashlib
@@ -125,10 +126,19 @@ def _same_comparison(recorded: "str | None", folder: str) -> bool:
 def order_sentence(sides: "dict[str, list[dict]]", folder: str) -> str:
     """How the runs of a comparison were ordered, from their provenance alone: 'runs alternating',
     'the peer's runs first, then hasten's', or which side's runs were copied from another
-    comparison (their `comparison` field names another folder) or carry no provenance.
+    comparison (their `comparison` field names another folder) or carry no provenance. A record
+    may name the comparison by its dated results folder (DATE-MACHINE-NAME); records naming two
+    different such folders were made for two comparisons, and runs recorded on more than one
+    machine are never called alternating.
 
     sides: label -> that side's records, each with a `provenance` dict (PROVENANCE_FIELDS)."""
     notes, timeline = [], []
+    everything = [r.get("provenance") for records in sides.values() for r in records]
+    dated = {p.get("comparison") for p in everything if p and p.get("comparison") not in (None, folder)}
+
+    def here(recorded) -> bool:
+        return recorded in (None, folder) or (len(dated) == 1 and _same_comparison(recorded, folder))
+    machines = {json.dumps(p["machine"], sort_keys=True) for p in everything if p and p.get("machine")}
     for label, records in sides.items():
         provs = [r.get("provenance") for r in records]
         if not records:
@@ -137,12 +147,15 @@ def order_sentence(sides: "dict[str, list[dict]]", folder: str) -> str:
             notes.append(f"{label}: {sum(p is None for p in provs)} of {len(records)} runs carry no start time or "
                          "commit (recorded before provenance was), so the order is unknown")
             continue
-        copied = sorted({p["comparison"] for p in provs if not _same_comparison(p.get("comparison"), folder)})
+        copied = sorted({p["comparison"] for p in provs if not here(p.get("comparison"))})
         if copied:
-            notes.append(f"{label}: {sum(not _same_comparison(p.get('comparison'), folder) for p in provs)} of {len(records)} "
+            notes.append(f"{label}: {sum(not here(p.get('comparison')) for p in provs)} of {len(records)} "
                          f"runs copied from {', '.join(copied)} (not run beside the other side's)")
             continue
         timeline += [(p["started"], label) for p in provs]
+    if len(machines) > 1:
+        return (f"runs recorded on {len(machines)} different machines: not one comparison, and not alternating"
+                + ("; " + "; ".join(notes) if notes else "") + ".")
     timeline.sort()
     labels = [label for _, label in timeline]
     counts = {x: labels.count(x) for x in dict.fromkeys(labels)}
