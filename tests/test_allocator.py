@@ -134,3 +134,15 @@ def test_bad_mode_is_named():
         configure_host_allocator("fast", "cpu")
     assert configure_host_allocator("default", "cpu") is None
     assert configure_host_allocator("auto", "cuda") is None
+
+
+def test_the_recorded_allocator_state_is_what_the_process_had():
+    """A process hasten did not tune reports what its environment set (a harness giving an arm
+    MALLOC_*_ variables), not glibc's defaults: records observe, they do not repeat intentions."""
+    code = "from hasten.allocator import host_allocator_state; print(host_allocator_state())"
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
+    plain = subprocess.run([sys.executable, "-c", code], env=clean, capture_output=True, text=True, timeout=60)
+    given = subprocess.run([sys.executable, "-c", code], env={**clean, "MALLOC_TOP_PAD_": str(256 * 2**20)},
+                           capture_output=True, text=True, timeout=60)
+    assert "set in the environment" not in plain.stdout
+    assert given.stdout.strip() == f"host allocator: set in the environment, not by hasten (MALLOC_TOP_PAD_={256 * 2**20})"

@@ -557,7 +557,9 @@ def main() -> int:
             record = {"label": arm, "recipe": None, "overrides": [], "seed": seed, "status": status,
                       "wall_s": time.perf_counter() - t0, "evals": evals, "final": final, "progress": progress,
                       "log": log.name, "provenance": provenance,
-                      "allocator": "glibc defaults (as documented)" if arm in AS_DOCUMENTED else "hasten's settings"}
+                      # what the harness meant to give the process; what it had is final.machine.host_allocator
+                      "intended_allocator": ("glibc defaults (as documented)" if arm in AS_DOCUMENTED
+                                             else "hasten's settings, through the MALLOC_*_ environment")}
             with open(runs_file, "a") as f:
                 f.write(json.dumps(record) + "\n")
             print(f"{arm} seed {seed}: {status}" + (f", {final['metrics']} in {final['train_s']:.1f} s" if final else ""),

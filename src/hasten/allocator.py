@@ -108,9 +108,15 @@ def _tune(mmap_threshold: int, trim_threshold: int, top_pad: int, mmap_max: int)
 
 
 def host_allocator_state() -> str:
-    """One line for run records: whether this process tuned the allocator."""
+    """One line for run records, observed in this process: what hasten set, else what the
+    environment set before the process started (the MALLOC_*_ variables glibc reads), else the
+    C library's defaults."""
     if _report is not None:
         return _report.reason
+    user = {v: os.environ[v] for v in ENV_VARS if v in os.environ}
+    if user:
+        return ("host allocator: set in the environment, not by hasten ("
+                + ", ".join(f"{k}={v}" for k, v in user.items()) + ")")
     return "host allocator: left as is" + ("" if _libc() is None else " (glibc defaults)")
 
 
