@@ -41,9 +41,54 @@ def test_the_results_index_matches_the_folders():
     tool = _results_tool()
     assert tool.problems() == []
     entries = tool.load()
-    assert entries and all(e["status"] in ("current", "superseded") for e in entries)
+    assert entries and all(e["status"] in ("current", *tool.STATUS_WORDS) for e in entries)
     ids = {e["id"] for e in entries}
     assert all(e["superseded_by"] in ids for e in entries if e["status"] == "superseded")
+    assert all(e["commit"] for e in entries if e["status"] == "current")   # every current result names its commit
+
+
+def _scratch_record(tmp_path, tool, monkeypatch):
+    """A results record of three results in a scratch tree: `a` and its attempt `a-2` (a name
+    that looks like a rerun), and `b` run on uncommitted code; a guide citing them."""
+    import json
+    for name in ("ROOT", "RESULTS", "REPORTS", "INDEX"):
+        monkeypatch.setattr(tool, name, {"ROOT": tmp_path, "RESULTS": tmp_path / "benchmarks" / "results",
+                                         "REPORTS": tmp_path / "docs" / "results",
+                                         "INDEX": tmp_path / "benchmarks" / "results" / "index.json"}[name])
+    (tmp_path / "benchmarks").mkdir()
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "benchmarks" / "README.md").write_text("# b\n")
+    (tmp_path / "README.md").write_text("# r\n")
+    for name, dirty in (("a", False), ("a-2", False), ("b", True)):
+        folder = tool.RESULTS / "vision" / f"2026-12-01-xeon-avx512-{name}"
+        folder.mkdir(parents=True)
+        (folder / "result.json").write_text(json.dumps({"code": {"commit": "c0ffee", "dirty": dirty}}))
+        (tool.REPORTS / "vision").mkdir(parents=True, exist_ok=True)
+        (tool.REPORTS / "vision" / f"{folder.name}.md").write_text("# r\n")
+        tool.register(folder, "cmd", "c0ffee")
+    return {e["name"]: e for e in tool.load()}
+
+
+def test_supersession_is_what_a_filing_says_and_pages_label_what_is_not_current(tmp_path, monkeypatch):
+    tool = _results_tool()
+    entries = _scratch_record(tmp_path, tool, monkeypatch)
+    assert entries["a"]["status"] == entries["a-2"]["status"] == "current"   # names infer nothing
+    assert entries["b"]["status"] == "uncommitted code"
+    again = tool.register(tool.ROOT / entries["a-2"]["data"], "cmd", "c0ffee", supersedes=[entries["a"]["id"]])
+    assert again["supersedes"] == [entries["a"]["id"]]
+    assert {e["name"]: e["status"] for e in tool.load()}["a"] == "superseded"
+    guide = tmp_path / "README.md"
+    link = {n: f"[record](docs/results/vision/{entries[n]['id'].split('/')[1]}.md)" for n in entries}
+    guide.write_text(f"a figure ({link['b']}) and an older one ({link['a']}) and the rerun ({link['a-2']})\n")
+    complaints = [p for p in tool.problems() if "without saying so" in p]
+    assert len(complaints) == 2 and any("uncommitted code" in p for p in complaints) and \
+        any("superseded" in p for p in complaints), complaints
+    guide.write_text(f"a figure ({link['b']}, uncommitted code)\nan older one ({link['a']}, superseded)\n")
+    assert not [p for p in tool.problems() if "without saying so" in p]
+    (tool.ROOT / entries["a"]["data"] / ".hasten.lock").write_text("")
+    assert any(".hasten.lock: a run's scratch file" in p for p in tool.problems())
+    with __import__("pytest").raises(ValueError, match="no such result"):
+        tool.register(tool.ROOT / entries["b"]["data"], "cmd", "c0ffee", supersedes=["vision/nothing"])
 
 
 def test_benchmarks_holds_comparisons_probes_and_tools_and_imports_hasten_publicly():

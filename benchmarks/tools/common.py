@@ -5,6 +5,7 @@ modules (`python -m benchmarks.comparisons.NAME`)."""
 from __future__ import annotations
 
 import json
+import shlex
 import os
 import statistics
 import sys
@@ -88,12 +89,14 @@ def command_line() -> str:
         head = "python -m " + ".".join(script.relative_to(REPO).with_suffix("").parts)
     else:
         head = "python " + portable(sys.argv[0])
-    return " ".join([head, *(portable(a) for a in sys.argv[1:])])
+    return " ".join([head, *(shlex.quote(portable(a)) for a in sys.argv[1:])])
 
 
-def write_results(name: str, data: dict, markdown: str, subject: "str | None" = None) -> tuple[Path, Path]:
+def write_results(name: str, data: dict, markdown: str, subject: "str | None" = None,
+                  supersedes: "list[str] | None" = None) -> tuple[Path, Path]:
     """Record a result: its data (with the command, commit and machine) as result.json in its
-    folder of the results record, its report in docs/results, its entry in the index."""
+    folder of the results record, its report in docs/results, its entry in the index (with the
+    results it replaces, `supersedes`, by id)."""
     folder, report = record.place(subject or record.subject_of(name), name, this_machine())
     folder.mkdir(parents=True, exist_ok=True)
     report.parent.mkdir(parents=True, exist_ok=True)
@@ -104,5 +107,5 @@ def write_results(name: str, data: dict, markdown: str, subject: "str | None" = 
     report.write_text(markdown.rstrip() + f"\n\nCommand: `{data['command']}` (commit {data['commit']}"
                       f"{', with uncommitted changes' if data['dirty'] else ''}); machine: {data['machine']['cpu']}, "
                       f"{data['machine']['cores']} cores, torch {data['machine']['torch']}.\n")
-    record.register(folder, data["command"], data["commit"])
+    record.register(folder, data["command"], data["commit"], supersedes)
     return j, report

@@ -8,23 +8,31 @@ Layout (docs/results/README.md says it for readers):
   object a line ({"file", "run", "line"});
 - `docs/results/<subject>/<date>-<machine>-<name>.md`: its report, what people read;
 - `benchmarks/results/index.json`: one entry a result: id, subject, date, machine, name, data
-  folder, report, command, commit, status (`current`, or `superseded` with `superseded_by`),
-  and `quoted_in` (the README and guides that link to it).
+  folder, report, command, commit, `supersedes` (the results this one replaces, written when it
+  is filed), `code` (whether the source hash its runs recorded is that of the commit they
+  name), status and `quoted_in` (the README and guides that link to it).
 
 `date` is the day of the commit that measured it, `machine` a short name of the CPU kind and
-its speed flags or of the GPU. A result is superseded by a later one of the same subject,
-machine and name (an attempt suffix -2, -v3, -reanalysed... aside); the latest is current.
+its speed flags or of the GPU. Status: `superseded` (with `superseded_by`) when a later result's
+`supersedes` names it, never inferred from names; else `unattributed` when its runs recorded no
+commit, `uncommitted code` when their source hash is not that of the commit they name, and
+`assembled by hand` when its entry says `"made": "by hand"` (written from printed lines, not by
+the harness that ran it), and `current` otherwise. Pages cite current results only, or say
+beside the link what the result is (tests/test_evidence.py).
 
     python -m benchmarks.tools.results check      # the index matches the folders (the tests run it)
     python -m benchmarks.tools.results rebuild    # statuses and quotes recomputed, written
-    python -m benchmarks.tools.results archive benchmarks/results/<subject>/<id>   # a finished result:
-        # its logs/ archived, its report moved to docs/results, derived files (report.json, plots) dropped
+    python -m benchmarks.tools.results archive benchmarks/results/<subject>/<id> [--supersedes ID ...]
+        # a finished result: its logs/ archived, its report moved to docs/results, derived files
+        # (report.json, plots) dropped, what it replaces written in its entry
 """
 from __future__ import annotations
 
 import argparse
 import datetime
+import functools
 import gzip
+import hashlib
 import json
 import os
 import re
@@ -40,7 +48,7 @@ MAX_FILES = 600
 SUBJECTS = ("vision", "language-models", "methods", "compression", "distributed", "systems", "tune", "trainers",
             "reliability")
 DERIVED = ("report.json", "report.png", "ladder.json", "ladder.png", "tune.png", "lr.png", ".hasten-outputs.json", ".hasten.lock")
-ATTEMPT = re.compile(r"-(\d+|v\d+|call\d+|reanalysed|fine|quiet)$")
+SCRATCH = (".hasten.lock", ".tmp", ".hasten-outputs.json")   # what a run leaves that is never evidence
 FOLDER = re.compile(r"^(\d{4}-\d{2}-\d{2})-(h200|h100|a100|gpu|xeon-amx|xeon-bf16|xeon-avx512|xeon-capped-avx2|"
                     r"epyc-bf16|epyc-avx512|epyc-avx2|epyc-capped-avx2|cpu-avx2|epyc|xeon|unknown-machine)-(.+)$")
 MD_LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)\)")
@@ -98,15 +106,75 @@ def save(entries: list[dict]) -> None:
     INDEX.write_text(json.dumps(sorted(entries, key=lambda e: e["id"]), indent=1) + "\n")
 
 
-def _stem(name: str) -> str:
-    while ATTEMPT.search(name):
-        name = ATTEMPT.sub("", name)
-    return name
+def recorded_code(folder: Path) -> list[dict]:
+    """The code versions (provenance.code_version) the runs of a result recorded, one per distinct
+    version: a script's result.json, bench's runs, a tune's record."""
+    found = []
+    if (folder / "result.json").exists():
+        data = json.loads((folder / "result.json").read_text())
+        found.append(data.get("code") or {"commit": data.get("commit")})
+    for name in ("runs.jsonl", "peer.jsonl"):
+        if (folder / name).exists():
+            for ln in (folder / name).read_text().splitlines():
+                try:
+                    r = json.loads(ln)
+                except ValueError:
+                    continue
+                code = (r.get("final") or {}).get("code")
+                if isinstance(code, dict):
+                    found.append(code)
+    if (folder / "tune.json").exists():
+        data = json.loads((folder / "tune.json").read_text())
+        if isinstance(data.get("code"), dict):
+            found.append(data["code"])
+    out = []
+    for c in found:
+        c = {k: c.get(k) for k in ("commit", "source_sha256", "dirty")}
+        if c not in out:
+            out.append(c)
+    return out
 
 
-def _attempt(name: str) -> int:
-    m = re.search(r"-(\d+)$", name)
-    return int(m.group(1)) if m else 1
+@functools.cache
+def source_hash_at(commit: str) -> "str | None":
+    """provenance.source_hash of hasten's source as `commit` holds it (None: git does not have it)."""
+    from hasten.provenance import git_output
+    listing = git_output("ls-tree", "-r", "--format=%(objectname) %(path)", commit, "--", "src/hasten", cwd=ROOT)
+    if listing is None:
+        return None
+    files = sorted((tuple(Path(path).relative_to("src/hasten").parts), obj) for obj, path in
+                   (ln.split(" ", 1) for ln in listing.splitlines() if ln.strip())
+                   if path.endswith((".py", ".yaml")) and "__pycache__" not in path)
+    import subprocess
+    batch = subprocess.run(["git", "cat-file", "--batch"], cwd=ROOT, input="".join(f"{o}\n" for _, o in files).encode(),
+                           capture_output=True, timeout=60).stdout
+    h, at = hashlib.sha256(), 0
+    for parts, _ in files:
+        header_end = batch.index(b"\n", at)
+        size = int(batch[at:header_end].split()[2])
+        body = batch[header_end + 1:header_end + 1 + size]
+        at = header_end + 1 + size + 1
+        h.update("/".join(parts).encode() + b"\0" + body + b"\0")
+    return h.hexdigest()
+
+
+def code_verdict(folder: Path) -> "str | None":
+    """'matches its commit', 'uncommitted code' (a run's source hash is not its commit's, or it
+    says its tree was dirty), 'no commit recorded', or None where git cannot tell (a shallow clone)."""
+    codes = recorded_code(folder)
+    if not codes or not all(c.get("commit") for c in codes):
+        return "no commit recorded"
+    verdict = "matches its commit"
+    for c in codes:
+        if c.get("dirty"):
+            return "uncommitted code"
+        if c.get("source_sha256"):
+            at = source_hash_at(c["commit"])
+            if at is None:
+                verdict = None
+            elif at != c["source_sha256"]:
+                return "uncommitted code"
+    return verdict
 
 
 def texts() -> list[Path]:
@@ -120,38 +188,68 @@ def quotes() -> dict[str, list[str]]:
     out: dict[str, list[str]] = {}
     for page in texts():
         for m in MD_LINK.finditer(page.read_text()):
-            target = m.group(1).split("#")[0]
-            if re.match(r"^[a-z]+://", target) or not target:
-                continue
-            p = Path(os.path.normpath(page.parent / target))
-            for base in (RESULTS, REPORTS):
-                try:
-                    rel = p.relative_to(base)
-                except ValueError:
-                    continue
-                parts = rel.parts
-                if len(parts) >= 2:
-                    rid = f"{parts[0]}/{Path(parts[1]).stem if base == REPORTS else parts[1]}"
-                    out.setdefault(rid, [])
-                    page_rel = str(page.relative_to(ROOT))
-                    if page_rel not in out[rid]:
-                        out[rid].append(page_rel)
+            rid = _cited(page, m.group(1))
+            if rid is not None:
+                out.setdefault(rid, [])
+                page_rel = str(page.relative_to(ROOT))
+                if page_rel not in out[rid]:
+                    out[rid].append(page_rel)
+    return out
+
+
+STATUS_WORDS = {"superseded": "superseded", "uncommitted code": "uncommitted code",
+                "unattributed": "no commit recorded", "assembled by hand": "assembled by hand"}
+"""What a page writes beside a link to a result that is not current (on the link's line)."""
+
+
+def _cited(page: Path, target: str) -> "str | None":
+    """The result id a link from `page` to `target` reaches (its data folder or its report), or None."""
+    target = target.split("#")[0]
+    if not target or re.match(r"^[a-z]+://", target):
+        return None
+    p = Path(os.path.normpath(page.parent / target))
+    for base in (RESULTS, REPORTS):
+        try:
+            parts = p.relative_to(base).parts
+        except ValueError:
+            continue
+        if len(parts) >= 2:
+            return f"{parts[0]}/{Path(parts[1]).stem if base == REPORTS else parts[1]}"
+    return None
+
+
+def unlabelled_citations(entries: list[dict]) -> list[tuple[str, int, str]]:
+    """(page, line, result id) of every link to a result that is not current on a line that does
+    not say what it is (STATUS_WORDS): a page cites current results, or labels the others."""
+    status = {e["id"]: e["status"] for e in entries}
+    out = []
+    for page in texts():
+        for n, line in enumerate(page.read_text().splitlines(), 1):
+            for m in MD_LINK.finditer(line):
+                rid = _cited(page, m.group(1))
+                if rid in status and status[rid] != "current" and STATUS_WORDS[status[rid]] not in line:
+                    out.append((str(page.relative_to(ROOT)), n, rid))
     return out
 
 
 def rebuild(entries: list[dict]) -> list[dict]:
-    """The entries with status, superseded_by and quoted_in recomputed from the folders and pages."""
+    """The entries with status, superseded_by and quoted_in recomputed from what each entry
+    records (`supersedes`, `commit`, `code`) and from the pages' links."""
     quoted = quotes()
-    groups: dict[tuple, list[dict]] = {}
+    replaced = {old: e["id"] for e in entries for old in e.get("supersedes") or []}
     for e in entries:
-        groups.setdefault((e["subject"], e["machine"], _stem(e["name"])), []).append(e)
-    for group in groups.values():
-        group.sort(key=lambda e: (e["date"], _attempt(e["name"]), e["name"]))
-        latest = group[-1]
-        for e in group:
-            e["status"] = "current" if e is latest else "superseded"
-            e["superseded_by"] = None if e is latest else latest["id"]
-    for e in entries:
+        e.setdefault("supersedes", [])
+        e["superseded_by"] = replaced.get(e["id"])
+        if e["superseded_by"]:
+            e["status"] = "superseded"
+        elif e.get("made") == "by hand":   # not written by the harness that ran it
+            e["status"] = "assembled by hand"
+        elif not e.get("commit"):
+            e["status"] = "unattributed"
+        elif e.get("code") == "uncommitted code":
+            e["status"] = "uncommitted code"
+        else:
+            e["status"] = "current"
         e["quoted_in"] = sorted(quoted.get(e["id"], []))
     return entries
 
@@ -165,19 +263,31 @@ def entry_for(folder: Path, command: "str | None" = None, commit: "str | None" =
     return {"id": f"{folder.parent.name}/{folder.name}", "subject": folder.parent.name, "date": m.group(1),
             "machine": m.group(2), "name": m.group(3), "data": str(folder.relative_to(ROOT)),
             "report": str(report.relative_to(ROOT)) if report.exists() else None, "command": command,
-            "commit": commit, "status": "current", "superseded_by": None, "quoted_in": []}
+            "commit": commit, "supersedes": [], "code": code_verdict(folder), "status": "current",
+            "superseded_by": None, "quoted_in": []}
 
 
-def register(folder: Path, command: "str | None" = None, commit: "str | None" = None) -> dict:
-    """Add (or refresh) the entry of `folder` in the index and recompute the statuses."""
-    entries = [e for e in load() if e["data"] != str(folder.relative_to(ROOT))]
+def register(folder: Path, command: "str | None" = None, commit: "str | None" = None,
+             supersedes: "list[str] | None" = None) -> dict:
+    """Add (or refresh) the entry of `folder` in the index and recompute the statuses;
+    `supersedes` names the results it replaces (kept from the earlier entry when not given)."""
+    rel = str(folder.relative_to(ROOT))
+    before = next((e for e in load() if e["data"] == rel), None)
+    entries = [e for e in load() if e["data"] != rel]
+    known = {e["id"] for e in entries}
     new = entry_for(folder, command, commit)
+    new["supersedes"] = list(supersedes if supersedes is not None else (before or {}).get("supersedes") or [])
+    if (before or {}).get("made"):
+        new["made"] = before["made"]
+    unknown = [s for s in new["supersedes"] if s not in known]
+    if unknown:
+        raise ValueError(f"--supersedes {', '.join(unknown)}: no such result in the index")
     entries.append(new)
     save(rebuild(entries))
     return new
 
 
-def archive(folder: Path) -> None:
+def archive(folder: Path, supersedes: "list[str] | None" = None) -> None:
     """A finished result in its final form: logs/ (and loose run logs) into logs.jsonl.gz, its
     report into docs/results, derived files dropped, its entry registered."""
     folder = Path(folder).resolve()
@@ -221,7 +331,7 @@ def archive(folder: Path) -> None:
         for ln in runs.read_text().splitlines():
             r = json.loads(ln)
             commit = commit or ((r.get("final") or {}).get("code") or {}).get("commit")
-    register(folder, command, commit)
+    register(folder, command, commit, supersedes)
 
 
 def problems() -> list[str]:
@@ -243,10 +353,22 @@ def problems() -> list[str]:
             out.append(f"{e['id']}: listed, but {e['data']} is not there")
         if e["report"] and not (ROOT / e["report"]).exists():
             out.append(f"{e['id']}: its report {e['report']} is not there")
+    ids = {e["id"] for e in entries}
+    by_id = {e["id"]: e for e in entries}
+    for e in entries:
+        for old in e.get("supersedes") or []:
+            if old not in ids:
+                out.append(f"{e['id']}: supersedes {old}, which the index does not list")
     fresh = {e["id"]: (e["status"], e["superseded_by"], e["quoted_in"]) for e in rebuild(json.loads(json.dumps(entries)))}
     for e in entries:
         if fresh[e["id"]] != (e["status"], e["superseded_by"], e["quoted_in"]):
             out.append(f"{e['id']}: status or quotes out of date (python -m benchmarks.tools.results rebuild)")
+    for page, line, rid in unlabelled_citations(entries):
+        out.append(f"{page}:{line} cites {rid}, which is {by_id[rid]['status']}, without saying so: cite a current "
+                   f"result, or write '{STATUS_WORDS[by_id[rid]['status']]}' beside the link")
+    for p in RESULTS.rglob("*"):
+        if p.is_file() and (p.name in SCRATCH or p.name.endswith(".tmp")):
+            out.append(f"{p.relative_to(ROOT)}: a run's scratch file, not evidence: remove it")
     n = sum(1 for p in RESULTS.rglob("*") if p.is_file())
     if n > MAX_FILES:
         out.append(f"benchmarks/results holds {n} files, more than {MAX_FILES}: archive logs, drop derived files")
@@ -257,9 +379,10 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("action", choices=("check", "rebuild", "archive"))
     ap.add_argument("folder", nargs="?")
+    ap.add_argument("--supersedes", nargs="+", metavar="ID", help="archive: the results this one replaces")
     args = ap.parse_args(argv)
     if args.action == "archive":
-        archive(Path(args.folder))
+        archive(Path(args.folder), args.supersedes)
     elif args.action == "rebuild":
         save(rebuild(load()))
     found = problems()
