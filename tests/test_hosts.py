@@ -12,7 +12,6 @@ from torch.utils.data import DataLoader, Dataset, TensorDataset
 from hasten import Trainer
 from hasten.algorithms import (EMA, SAM, ActivationSwap, ChannelsLast, GradientClipping, InfoBatch, LabelSmoothing,
                                MixUp, ProgressiveResizing, SeqLenWarmup, TTA)
-from hasten.functional import resize_batch, resize_scale
 from hasten.integrations.host import HOST_EVENTS, refusal
 from hasten.optim.combined import CombinedOptimizer
 from hasten.optim.muon import muon_optimizers
@@ -175,20 +174,51 @@ def test_lightning_progressive_resizing_changes_the_batch_the_module_sees():
     x, y = torch.randn(32, 3, 16, 16), torch.randint(0, 3, (32,))
     net = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3, padding=1), torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(),
                               torch.nn.Linear(4, 3))
-    m = Module(net)
+    m = _Seeing(net)
     _lightning(m, _loader(x, y, 8), [ProgressiveResizing(initial_scale=0.5, finish=1.0, size_increment=4),
                                      ChannelsLast()], steps=4)
-    for step, s in enumerate(m.seen):
-        want = resize_batch(x[:8], resize_scale(step / 4, 0.5, 0.0, 1.0), 4).shape
-        assert s["x_shape"] == tuple(want)
-    assert m.seen[0]["x_shape"][-1] == 8
+    # by hand: step s of 4 has scale 0.5 + 0.5 * s / 4 = 0.5, 0.625, 0.75, 0.875 of 16 pixels = 8, 10, 12, 14,
+    # each side rounded to a multiple of 4 (Python's round: 10 -> 8, 14 -> 16)
+    sides = [8, 8, 12, 16]
+    for step, (s, side) in enumerate(zip(m.seen, sides)):
+        batch = x[8 * step:8 * (step + 1)]
+        want = batch if side == 16 else F.interpolate(batch, size=(side, side), mode="area")   # torch's own resize
+        assert s["x"].shape == (8, 3, side, side) and torch.allclose(s["x"], want, atol=1e-6), step
+        assert s["x"].is_contiguous(memory_format=torch.channels_last)
+
+
+class _Seeing(Module):
+    """Records the inputs, targets and logits of each training step beside the loss."""
+
+    def training_step(self, batch, i):
+        x, y = batch
+        logits = self(x)
+        loss = self.loss_fn(logits, y)
+        self.seen.append({"x": x.detach().clone(), "logits": logits.detach().clone(), "loss": loss.detach()})
+        return loss
 
 
 def test_lightning_mixup_mixes_inputs_and_targets_through_the_loss_fn():
-    x, y = _data()
-    m = Module(_mlp())
-    _lightning(m, _loader(x, y), [MixUp(alpha=1.0)], steps=3)
-    assert len(m.seen) == 3 and all(torch.isfinite(s["loss"]) for s in m.seen)
+    """Each batch is the identity matrix, so a mixed batch shows its weight and partner in every row:
+    row i is lam at column i and 1 - lam at column perm[i]. The loss the module computes must be
+    lam * CE(logits, y) + (1 - lam) * CE(logits, y[perm]), recomputed here with F.cross_entropy."""
+    steps, n = 3, 8
+    x = torch.eye(n).repeat(steps, 1)
+    y = torch.randint(0, 3, (steps * n,), generator=torch.Generator().manual_seed(1))
+    m = _Seeing(_mlp())
+    _lightning(m, _loader(x, y, n), [MixUp(alpha=1.0)], steps=steps)
+    assert len(m.seen) == steps
+    mixed_steps = 0
+    for step, s in enumerate(m.seen):
+        xs, ys = s["x"], y[step * n:(step + 1) * n]
+        others = [[j for j in range(n) if j != i and xs[i, j] > 1e-9] for i in range(n)]
+        perm = torch.tensor([o[0] if o else i for i, o in enumerate(others)])
+        lam = float(xs[[i for i in range(n) if others[i]], [i for i in range(n) if others[i]]].mean())
+        assert torch.allclose(xs, lam * torch.eye(n) + (1 - lam) * torch.eye(n)[perm], atol=1e-6)
+        want = lam * F.cross_entropy(s["logits"], ys) + (1 - lam) * F.cross_entropy(s["logits"], ys[perm])
+        assert torch.allclose(s["loss"], want, atol=1e-6), (step, s["loss"], want)
+        mixed_steps += 0.02 < lam < 0.98
+    assert mixed_steps >= 2   # Beta(1, 1) draws: the batches were really mixed
 
 
 # ---------------------------------------------------------------------------- HF Trainer: effects

@@ -1,5 +1,5 @@
 """Every registered algorithm has a card, a functional form in hasten.functional, and a
-measured-effect table in its card (or is listed below as not yet measured)."""
+measured-effect table in its card."""
 import re
 from pathlib import Path
 
@@ -9,9 +9,6 @@ import hasten.functional as hf
 from hasten.algorithms import INSTRUMENTS, REGISTRY
 
 DOCS = Path(__file__).resolve().parents[1] / "docs" / "methods"
-# Cards whose effect has no measured table yet (issue: every method card measured). The list
-# only shrinks: a card listed here must still say so, and one with a table must leave it.
-PENDING: set[str] = set()
 METHODS = sorted(set(REGISTRY) - INSTRUMENTS)
 _TABLE = re.compile(r"^\|.*\|\s*\n\|[-| :]+\|\s*$", re.M)
 
@@ -33,16 +30,12 @@ def test_every_method_has_a_card_and_a_functional_form(name):
 
 
 @pytest.mark.parametrize("name", METHODS)
-def test_every_card_has_a_measured_effect_table_or_is_listed_as_pending(name):
-    section = _measured_section(name)
-    if name in PENDING:
-        assert not _TABLE.search(section), f"{name} has a measured-effect table now: remove it from PENDING"
-    else:
-        assert _TABLE.search(section), f"docs/methods/{name}.md: the measured effect needs its table"
+def test_every_card_has_a_measured_effect_table(name):
+    assert _TABLE.search(_measured_section(name)), f"docs/methods/{name}.md: the measured effect needs its table"
 
 
-def test_instruments_and_pending_name_registered_algorithms():
-    assert INSTRUMENTS <= set(REGISTRY) and PENDING <= set(REGISTRY)
+def test_the_instruments_are_registered_algorithms_and_not_methods():
+    assert INSTRUMENTS and INSTRUMENTS <= set(REGISTRY) and not INSTRUMENTS & set(METHODS)
 
 
 def test_the_index_of_measured_effects_is_generated_from_the_cards_as_they_are():

@@ -15,7 +15,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-import yaml
 
 from hasten import Trainer
 from hasten.data.prepare import prepare
@@ -179,15 +178,64 @@ def test_a_shard_changed_in_the_store_is_refused(s3, prepared, tmp_path):
         split.row(0)
 
 
+def _zip_images(path) -> list[np.ndarray]:
+    """The training images of an image zip, decoded here with Pillow: the reference."""
+    import io
+    import zipfile
+
+    from PIL import Image
+    with zipfile.ZipFile(path) as z:
+        return [np.asarray(Image.open(io.BytesIO(z.read(n))).convert("RGB"))
+                for n in sorted(z.namelist()) if n.startswith("train/") and n.endswith(".png")]
+
+
 def test_images_are_prepared_raw_and_stream_with_the_hosts_augmentation(tmp_path):
+    """The streamed rows are the zip's images byte for byte (decoded independently with Pillow);
+    training batches are those images normalised, padded by 4 (zeros), cropped at some offset and
+    perhaps flipped (each recomputed here with plain tensor ops, every crop and flip tried), not all
+    left as they were; evaluation batches are the images normalised only."""
+    from hasten.build import build_run
+    from hasten.config import load_recipe
+    from hasten.data.cifar import MEAN, STD
+    from hasten.data.resumable import resumable_sampler
     z = image_zip(tmp_path / "img.zip", train=40, test=20)
     m, _ = prepare(str(z), str(tmp_path / "imgs"), shard_mb=0.01)
     assert m["kind"] == "images" and m["image_shape"] == [32, 32, 3] and len(m["classes"]) == 10
-    r = run_cli("train", "cifar10-baseline", f"data.stream={tmp_path / 'imgs'}", "data.batch_size=8",
-                "data.eval_batch_size=20", "data.num_workers=0", "trainer.max_duration=3ba", "trainer.eval_interval=3ba",
-                f"trainer.run_dir={tmp_path / 'run'}", "--no-progress")
-    assert r.returncode == 0, r.stderr[-1500:]
-    assert "val/acc=" in r.stdout
+    split = StreamSplit(str(tmp_path / "imgs"), "train")
+    reference = {im.tobytes() for im in _zip_images(z)}
+    rows = [split.row(i) for i in range(len(split))]
+    assert len(rows) == 40 and {bytes(r["image"]) for r in rows} == reference
+    recipe = load_recipe("cifar10-baseline", [f"data.stream={tmp_path / 'imgs'}", "data.batch_size=8",
+                                              "data.eval_batch_size=20", "data.num_workers=0",
+                                              f"trainer.run_dir={tmp_path / 'run'}", "trainer.progress_bar=false",
+                                              "trainer.tensorboard=false"])
+    run = build_run(recipe)
+    try:
+        loader = run.trainer.state.train_dataloader
+        sampler, _ = resumable_sampler(loader)
+        sampler.set_epoch(0)
+        order = list(sampler.order(0))[:8]
+        x, y = next(iter(loader))
+        mean, std = torch.tensor(MEAN).view(3, 1, 1), torch.tensor(STD).view(3, 1, 1)
+        moved = 0
+        for k, i in enumerate(order):
+            raw = np.frombuffer(rows[int(i)]["image"], dtype=np.uint8).reshape(32, 32, 3)
+            base = (torch.from_numpy(raw.copy()).permute(2, 0, 1).float() - mean) / std
+            padded = torch.zeros(3, 40, 40)
+            padded[:, 4:36, 4:36] = base
+            found = [(dy, dx, f) for dy in range(9) for dx in range(9) for f in (False, True)
+                     if torch.allclose(x[k], (lambda c: c.flip(-1) if f else c)(padded[:, dy:dy + 32, dx:dx + 32]),
+                                       atol=1e-5)]
+            assert found, f"sample {k} is no crop or flip of its image"
+            assert int(y[k]) == int(rows[int(i)]["label"])
+            moved += (4, 4, False) not in found
+        assert moved >= 4   # augmented: most samples moved or flipped
+        xe, _ = next(iter(run.trainer.eval_dataloader))
+        eval_split = StreamSplit(str(tmp_path / "imgs"), "eval")
+        first = np.frombuffer(eval_split.row(0)["image"], dtype=np.uint8).reshape(32, 32, 3)
+        assert torch.allclose(xe[0], (torch.from_numpy(first.copy()).permute(2, 0, 1).float() - mean) / std, atol=1e-5)
+    finally:
+        run.close()
 
 
 # ---------------------------------------------------------------------------- loaders that keep state
