@@ -46,7 +46,7 @@ def main() -> None:
     from hasten.errors import HastenError
     from hasten.runs import stored_recipe
     try:
-        run_dir, ckpt = locate(a.run)
+        run_dir, ckpt, _ = locate(a.run)
         session = open_session(stored_recipe(run_dir))
         meta = load_trained(session, ckpt)
     except HastenError as e:

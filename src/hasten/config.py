@@ -79,7 +79,7 @@ TrainerConfig = recipe_section(
     order=("max_duration", "eval_interval", "log_interval", "precision", "device", "compile", "compile_mode",
            "compile_optimizer", "grad_accum", "microbatch", "activation_checkpointing", "memory_limit",
            "grad_clip_norm", "seed", "run_dir", "save_interval", "keep_last", "checkpoints", "autoresume", "load_path",
-           "load_mode", "progress_bar", "tensorboard", "profile", "mlflow", "wandb", "on_logger_error", "threads", "parallelism", "fsdp",
+           "load_mode", "load_min_share", "progress_bar", "tensorboard", "profile", "mlflow", "wandb", "on_logger_error", "threads", "parallelism", "fsdp",
            "sync_batchnorm", "dist_timeout_s", "host_allocator"))
 
 

@@ -57,6 +57,8 @@ class HastenError(Exception):
     user reads the same one line whatever the worker count. The worker's traceback stays on
     `.worker` (and as a note, shown with --debug)."""
 
+    worker: "WorkerReport | None" = None
+
     def __init__(self, *args):
         self.worker = worker_report(args[0]) if len(args) == 1 else None
         if self.worker is not None and self.worker.type_name == type(self).__name__:

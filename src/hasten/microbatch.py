@@ -28,7 +28,28 @@ import re
 
 import torch
 
-from .errors import ConfigError
+from .errors import ConfigError, HastenError
+
+
+class ActivationLimitError(torch.OutOfMemoryError, HastenError):
+    """A micro-batch saved more activations for backward than trainer.memory_limit allows: out
+    of memory as a GPU would raise it (microbatch=auto halves and retries), and, when nothing
+    smaller can be tried, hasten's one line saying what the limit allows and what was needed."""
+
+    def __init__(self, limit: int, used: int, samples: "int | None", smallest: bool = False):
+        self.limit, self.used, self.samples = limit, used, samples
+        per = f", at least {used // samples:,} bytes a sample" if samples else ""
+        what = f"a micro-batch of {samples} sample{'s' if samples != 1 else ''}" if samples else "a micro-batch"
+        fix = (f"raise trainer.memory_limit to more than {used:,} bytes (one sample needs that much at least)"
+               if smallest else "raise trainer.memory_limit, or give a smaller trainer.microbatch "
+                                "(or trainer.microbatch=auto, which halves it until it fits)")
+        super().__init__(f"out of memory (trainer.memory_limit): it allows {limit:,} bytes of activations a "
+                         f"micro-batch saves for backward, and {what}{' even' if smallest else ''} saved more "
+                         f"({used:,} bytes when it was stopped, partway through its forward{per}); {fix}")
+
+
+class ModelDoesNotFit(torch.OutOfMemoryError, HastenError):
+    """microbatch=auto reached micro-batches of one sample and the step still ran out of memory."""
 
 _UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "kib": 2**10, "mib": 2**20, "gib": 2**30}
 
@@ -75,8 +96,8 @@ class ActivationBudget:
     `outer`, when given, is a context entered first and left last (the step's autocast), so
     the step enters one context, not two."""
 
-    def __init__(self, limit: int, outer=None):
-        self.limit, self.used, self._seen = limit, 0, set()
+    def __init__(self, limit: int, outer=None, samples: "int | None" = None):
+        self.limit, self.used, self._seen, self.samples = limit, 0, set(), samples
         self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t)
         self._outer = outer if outer is not None else contextlib.nullcontext()
 
@@ -90,8 +111,7 @@ class ActivationBudget:
             self._seen.add(key)
             self.used += t.numel() * t.element_size()
             if self.used > self.limit:
-                raise torch.OutOfMemoryError(f"out of memory (trainer.memory_limit): this micro-batch saves more than "
-                                             f"{self.limit:,} bytes of activations for backward")
+                raise ActivationLimitError(self.limit, self.used, self.samples)
         return t
 
     def __enter__(self):
@@ -121,8 +141,9 @@ def halved(size: int, n: int) -> int:
     """The next micro-batch size after running out of memory at `size` with a batch of `n`."""
     current = min(size, n)
     if current <= 1:
-        raise torch.OutOfMemoryError("out of memory with micro-batches of 1 sample: the model does not fit "
-                                     "(trainer.microbatch=auto can go no lower)")
+        raise ModelDoesNotFit("out of memory with micro-batches of 1 sample: one sample's step does not fit in "
+                              "memory (trainer.microbatch=auto can go no lower); use a smaller model or sequence, "
+                              "activation checkpointing (trainer.activation_checkpointing=true), or more memory")
     return current // 2
 
 

@@ -29,7 +29,7 @@ from .data.sharding import RankShare, last_batch_size, own_sharing
 from .distributed.world import all_sum
 from .errors import CheckpointError, TrainingError
 from .loss import IGNORE_INDEX, checked_loss, default_loss, logits_of
-from .microbatch import ActivationBudget, StepSnapshot, average_gradients, halved, micro_count, parse_bytes
+from .microbatch import ActivationBudget, ActivationLimitError, StepSnapshot, average_gradients, halved, micro_count, parse_bytes
 from .models import has_batch_norm
 from .optim.compiled import compile_steps, hold_lrs
 from .runtime import Runtime
@@ -109,6 +109,7 @@ class Trainer:
                  save_folder: str | None = CheckpointOptions.save_folder,
                  save_interval: "str | Time | None" = CheckpointOptions.save_interval,
                  load_path: str | None = CheckpointOptions.load_path, autoresume: bool = CheckpointOptions.autoresume,
+                 load_min_share: float = CheckpointOptions.load_min_share,
                  log_interval: "str | Time" = Durations.log_interval, batch_fn: Callable = StepOptions.batch_fn,
                  count_tokens: Callable = StepOptions.count_tokens, checkpoint_io=CheckpointOptions.io,
                  host_allocator: str | None = None, runtime: Runtime | None = None,
@@ -128,7 +129,7 @@ class Trainer:
             loggers=loggers, durations=Durations(max_duration=max_duration, eval_interval=eval_interval,
                                                  log_interval=log_interval, on_logger_error=on_logger_error), step=step,
             checkpoints=CheckpointOptions(save_folder=save_folder, save_interval=save_interval, load_path=load_path,
-                                          autoresume=autoresume, io=checkpoint_io),
+                                          autoresume=autoresume, io=checkpoint_io, load_min_share=load_min_share),
             parallel=ParallelOptions(sync_batchnorm=sync_batchnorm, fsdp=fsdp or {}), quality=quality))
 
     @classmethod
@@ -415,7 +416,7 @@ class Trainer:
             state.loss_weight, counted_yet = self._loss_weight(micros), True
         n_losses, limit = len(state.step_losses), self._budget
         for i, micro in enumerate(micros):
-            ctx = ActivationBudget(limit, autocast) if limit else autocast   # (the budget: what this micro-batch saves for backward)
+            ctx = ActivationBudget(limit, autocast, batch_size(micro)) if limit else autocast   # (what it saves for backward)
             state.micro_batch, state.micro_batch_index = micro, i
             state.micro_batch_weight = batch_size(micro) / total * scale if total else scale
             if grad_sync is not None:
@@ -528,9 +529,9 @@ class Trainer:
                 snapshot, n_losses = StepSnapshot(state.model, self.device), len(state.step_losses)
                 try:
                     step(state_)
-                    ran_out = False
-                except torch.OutOfMemoryError:
-                    ran_out = True
+                    ran_out, last = False, None
+                except torch.OutOfMemoryError as e:
+                    ran_out, last = True, e
                 if world.size > 1:
                     flag = torch.tensor([float(ran_out)], device=self.device)
                     torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
@@ -546,7 +547,12 @@ class Trainer:
                 snapshot.restore()
                 if self.device.type == "cuda":
                     torch.cuda.empty_cache()
-                state.microbatch = halved(state.microbatch, n)
+                try:
+                    state.microbatch = halved(state.microbatch, n)
+                except torch.OutOfMemoryError:
+                    if isinstance(last, ActivationLimitError):   # the limit, not the model, is what a user changes
+                        raise ActivationLimitError(last.limit, last.used, last.samples, smallest=True) from None
+                    raise
                 self.logger.log({"trainer/microbatch": state.microbatch})
                 print(f"hasten: batch {state.timestamp.batch + 1} ran out of memory; micro-batches of "
                       f"{state.microbatch} from now on", file=sys.stderr, flush=True)

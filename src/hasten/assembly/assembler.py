@@ -21,7 +21,7 @@ from ..algorithms.gradient_clipping import GradientClipping
 from ..arguments import check_arguments, listed
 from ..callbacks.checkpoint import INDEX, Checkpoint
 from ..checkpoint import CheckpointIO, ShardedCheckpointIO, find_latest, load_latest, restore
-from ..checkpoint.format import REST, load_weights
+from ..checkpoint.format import REST, check_loaded_share, load_weights
 from ..core import Engine, Interval, State, Time
 from ..distributed.stop import StopCoordinator
 from ..errors import CheckpointError
@@ -188,16 +188,19 @@ def start_from(state: State, logger: LogHub, checkpoints: CheckpointOptions, io:
         if not hasattr(state.model, "model"):
             raise CheckpointError(f"{path} is a Hugging Face save_pretrained folder: it loads into a Hugging Face model "
                                   "(model.name: hf/...), not this one")
-        missing, unexpected = load_pretrained_weights(state.model, path)
-        state.resumed_from = {"path": str(path), "weights_only": True, "fresh": missing, "unused": unexpected}
+        loaded, missing, unexpected = load_pretrained_weights(state.model, path,
+                                                              check=lambda names: check_loaded_share(
+                                                                  state.model.model, names, path,
+                                                                  checkpoints.load_min_share))
+        state.resumed_from = {"path": str(path), "weights_only": True, "loaded": len(loaded), "fresh": missing,
+                              "unused": unexpected}
         return
     path = newest_in(path, io)
     payload = io.load(path)
     if checkpoints.load_mode == "weights":
-        loaded, fresh, unused = load_weights(state.model, payload["model"])
-        if not loaded:
-            raise CheckpointError(f"no tensor of {path} fits this model by name and shape; is it a checkpoint of "
-                                  "the model you mean to start from?")
+        loaded, fresh, unused = load_weights(state.model, payload["model"],
+                                             check=lambda names: check_loaded_share(state.model, names, path,
+                                                                                    checkpoints.load_min_share))
         state.resumed_from = {"path": str(path), "weights_only": True, "loaded": len(loaded), "fresh": fresh,
                               "unused": unused}
         return

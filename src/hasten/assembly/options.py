@@ -105,6 +105,8 @@ class CheckpointOptions:
     """Start from this checkpoint, or the latest in a run folder or a folder of checkpoints, or a Hugging Face save_pretrained folder; the run gets its own folder."""
     load_mode: Literal["full", "weights"] = "full"
     """full: the checkpoint's weights, optimizer and clock; weights: only the model's tensors that fit by name and shape (fine-tuning from another task's run)."""
+    load_min_share: float = setting(0.5, ge=0.0, le=1.0)
+    """A start from weights only (load_mode weights, a save_pretrained folder): the least share of the model's parameters the file must fill, or it is refused (0: any partial load, at least one tensor)."""
     save_folder: Optional[str] = setting(None, recipe=False)
     """Write checkpoints here (a Checkpoint callback is made); a recipe's go to RUN/checkpoints."""
     io: Any = setting(None, recipe=False)

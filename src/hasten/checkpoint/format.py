@@ -75,11 +75,16 @@ def read_meta(payload: dict, path, what: str = "checkpoint") -> dict:
     """A checkpoint's (or an artifact's) metadata, checked against what hasten writes: a
     mapping; its timestamp a mapping of counts (hasten.core.time.Timestamp); rng a mapping;
     optimizers a list of names. A one-line CheckpointError says what was found instead."""
+    again = ("make it again with `hasten compress RUN`" if what == "artifact"
+             else "resume from an earlier checkpoint of the same folder")
     try:
         meta = json.loads(payload["meta"])
-    except (KeyError, TypeError, ValueError, RecursionError) as e:
-        raise CheckpointError(f"{what} {path}: its metadata cannot be read ({type(e).__name__}); the file is damaged "
-                              "or was not written by hasten") from None
+    except RecursionError:
+        raise CheckpointError(f"{what} {path}: its metadata is nested deeper than anything hasten writes (a damaged or "
+                              f"crafted file); {again}") from None
+    except (KeyError, TypeError, ValueError) as e:
+        found = "holds no metadata" if isinstance(e, KeyError) else "has metadata that is not JSON"
+        raise CheckpointError(f"{what} {path} {found}: the file is damaged or was not written by hasten; {again}") from None
     problem = None
     if not isinstance(meta, dict):
         problem = f"it is {type(meta).__name__}, not a mapping"
@@ -306,13 +311,47 @@ def model_mismatch(model: torch.nn.Module, saved: dict) -> str | None:
     return "; ".join(parts) or None
 
 
-def load_weights(model: torch.nn.Module, saved: dict) -> tuple[list[str], list[str], list[str]]:
+def load_weights(model: torch.nn.Module, saved: dict, check=None) -> tuple[list[str], list[str], list[str]]:
     """Copy into `model` the saved tensors that fit by name and shape (a pre-trained encoder
-    into a classifier, say); (loaded, left fresh, unused) names."""
+    into a classifier, say); (loaded, left fresh, unused) names. `check(names)` sees the names
+    that fit before anything is copied, and may refuse (check_loaded_share)."""
     mine = model.state_dict()
+    if not isinstance(saved, dict):
+        raise CheckpointError("the checkpoint holds no model state dict")
     fits = {k: v for k, v in saved.items() if k in mine and isinstance(v, torch.Tensor) and v.shape == mine[k].shape}
+    if check is not None:
+        check(sorted(fits))
     model.load_state_dict(fits, strict=False)
     return sorted(fits), sorted(k for k in mine if k not in fits), sorted(k for k in saved if k not in fits)
+
+
+def loaded_share(model: torch.nn.Module, loaded: "list[str]") -> tuple[int, int, float]:
+    """(tensors loaded, tensors of the model, share of the model's parameter elements loaded),
+    each stored tensor counted once (tied weights share one storage)."""
+    mine = model.state_dict()
+    seen, total, got = set(), 0, 0
+    for name, t in mine.items():
+        if not isinstance(t, torch.Tensor) or not t.is_floating_point():
+            continue
+        key = (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape)) if t.numel() else (name,)
+        if key in seen:
+            continue
+        seen.add(key)
+        total += t.numel()
+        got += t.numel() if name in loaded else 0
+    return len([k for k in loaded if k in mine]), len(mine), (got / total if total else 1.0)
+
+
+def check_loaded_share(model: torch.nn.Module, loaded: "list[str]", path, least: float) -> None:
+    """Refuse a weights-only start that filled less than `least` of the model (trainer.load_min_share),
+    in one line saying how much it matched."""
+    n, of, share = loaded_share(model, loaded)
+    if n == 0 or share < least:
+        raise CheckpointError(
+            f"{path}: {n} of this model's {of} tensors fit it by name and shape ({share:.0%} of its parameters"
+            + (f", less than trainer.load_min_share={least:g}" if n else "") + "): is it the weights of the model you "
+            "mean to start from?" + (f" To start from this partial load on purpose, set trainer.load_min_share="
+                                     f"{max(0.0, int(share * 100) / 100):g}" if n else ""))
 
 
 MODEL_MISMATCH_FIX = ("the model built now is not the one the checkpoint was trained with: use the model settings "

@@ -59,18 +59,35 @@ def restore(state, payload: dict, strict: bool = True, hyperparameters: str = "c
     return restore_rest(state, payload, meta)
 
 
+LISTINGS = 5
+"""How often load_latest lists a folder whose checkpoints all vanished before they could be read."""
+
+
 def load_latest(folder: "str | os.PathLike", io: CheckpointIO | None = None) -> tuple[Path, dict] | None:
     """(path, payload) of the newest checkpoint in `folder` that loads; unreadable ones are
-    skipped with a warning."""
+    skipped with a warning. The folder may belong to a run that is still writing (keep_last
+    removes the older checkpoints as it saves): one removed between being listed and being read
+    is passed over for the next newest, and the folder listed again when every one it listed
+    went, LISTINGS times at most; then a one-line CheckpointError says the run is still writing."""
     io = io or CheckpointIO()
-    for p in reversed(list_checkpoints(folder)):
-        try:
-            return p, io.load(p)
-        except NewerFormatError:
-            raise   # not damaged: resuming from an older one would throw its progress away
-        except CheckpointError as e:
-            warnings.warn(f"skipping unreadable checkpoint: {e}")
-    return None
+    for _ in range(LISTINGS):
+        listed, vanished = list(reversed(list_checkpoints(folder))), 0
+        for p in listed:
+            try:
+                return p, io.load(p)
+            except NewerFormatError:
+                raise   # not damaged: resuming from an older one would throw its progress away
+            except FileNotFoundError:
+                vanished += 1   # removed since it was listed: a newer one was written
+            except CheckpointError as e:
+                if not Path(p).exists():
+                    vanished += 1
+                    continue
+                warnings.warn(f"skipping unreadable checkpoint: {e}")
+        if not listed or vanished < len(listed):
+            return None
+    raise CheckpointError(f"the checkpoints in {folder} were replaced faster than they could be read: the run is "
+                          "still writing them; wait for it to save, or give one checkpoint file to read")
 
 
 def find_latest(folder: "str | os.PathLike", io: CheckpointIO | None = None) -> Path | None:

@@ -34,7 +34,7 @@ from ..allocator import host_allocator_state
 from ..assembly import Durations, StepOptions, assemble
 from ..build import build_algorithms, step_options
 from ..callbacks import ProgressBar
-from ..checkpoint import CheckpointIO, find_latest
+from ..checkpoint import CheckpointIO, load_latest
 from ..checkpoint.sharded import load_whole
 from ..optim.factory import build_optimizer
 from ..checkpoint.format import MODEL_MISMATCH_FIX, model_mismatch, read_meta
@@ -131,24 +131,25 @@ def quality_key(recipe: Recipe) -> tuple[str, str]:
     return quality.metric, quality.direction
 
 
-def locate(source: "str | Path") -> tuple[Path, Path]:
-    """(run folder, checkpoint file) for a run folder or a checkpoint inside one."""
+def locate(source: "str | Path") -> tuple[Path, Path, "dict | None"]:
+    """(run folder, checkpoint, its payload when already read) for a run folder (its newest
+    checkpoint, read once: a run still training may remove it next) or a checkpoint inside one."""
     source = Path(source)
     if source.is_dir():
         if not is_run_folder(source):
             raise ConfigError(f"{source} is not a hasten run folder (no recipe.yaml); give the folder "
                               "`hasten train` printed as 'run folder', or one of its checkpoints")
-        ckpt = find_latest(source / "checkpoints")
-        if ckpt is None:
+        found = load_latest(source / "checkpoints")
+        if found is None:
             raise ConfigError(f"{source} has no checkpoint yet (checkpoints/ is empty): train it first")
-        return source, ckpt
+        return source, *found
     if not source.exists():
         raise ConfigError(f"{source}: no such run folder or checkpoint")
     run = source.parent.parent if source.parent.name == "checkpoints" else source.parent
     if not is_run_folder(run):
         raise ConfigError(f"{source}: the checkpoint is not inside a run folder, so its recipe is unknown; "
                           "give the run folder")
-    return run, source
+    return run, source, None
 
 
 def calibration_batches(session: Session, count: int = 2, max_items: int = 128) -> list[torch.Tensor]:
@@ -167,8 +168,9 @@ def calibration_batches(session: Session, count: int = 2, max_items: int = 128) 
     return out
 
 
-def load_trained(session: Session, ckpt: Path) -> dict:
-    payload = load_whole(ckpt) if Path(ckpt).is_dir() else CheckpointIO().load(ckpt)   # a .dcp: its shards made whole
+def load_trained(session: Session, ckpt: Path, payload: "dict | None" = None) -> dict:
+    if payload is None or Path(ckpt).is_dir():
+        payload = load_whole(ckpt) if Path(ckpt).is_dir() else CheckpointIO().load(ckpt)   # a .dcp: its shards whole
     problem = model_mismatch(session.model, payload["model"])
     if problem:
         raise CheckpointError(f"{ckpt} does not hold this recipe's model ({session.recipe.name}): {problem}; "
@@ -280,7 +282,7 @@ def compress_run(source, prune: float = 0.0, scope: str = "global", structured_r
             Time.parse(finetune_for)
         except ValueError as e:
             raise ConfigError(f"--finetune {finetune_for!r}: {e}") from None
-    run_dir, ckpt = locate(source)
+    run_dir, ckpt, payload = locate(source)
     recipe = stored_recipe(run_dir, list(overrides))
     check_trust(recipe.origins, to_dict(recipe), trust_code, f"compressing {run_dir}", log)
     if trust_code:
@@ -296,7 +298,7 @@ def compress_run(source, prune: float = 0.0, scope: str = "global", structured_r
     t_start = time.perf_counter()
     log(f"rebuilding {recipe.name} from {run_dir} and loading {ckpt.name}")
     session = open_session(recipe, device)
-    meta = load_trained(session, ckpt)
+    meta = load_trained(session, ckpt, payload)
     stamp = meta["timestamp"]
     metric, better = quality_key(recipe)
     dense = session.model

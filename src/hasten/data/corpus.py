@@ -27,6 +27,7 @@ import hashlib
 import json
 import os
 import re
+import urllib.parse
 import subprocess
 import sys
 import tempfile
@@ -80,7 +81,10 @@ def resolve_source(source: str) -> Path:
             raise DataError(f"{url}: #sha256={sha[:80]!r} is not a SHA-256 (64 hexadecimal digits); give the "
                             "file's full checksum, as `sha256sum FILE` prints it")
         sha = sha.lower()
-        name = _SAFE_NAME.sub("_", url.rstrip("/").rsplit("/", 1)[-1])[-80:].lstrip(".") or "corpus"
+        # the file's name, and so its type (.jsonl, .gz), comes from the URL's path, never its query (a signed
+        # object-store URL's ?X-Amz-Signature=...)
+        path = urllib.parse.urlsplit(url).path
+        name = _SAFE_NAME.sub("_", path.rstrip("/").rsplit("/", 1)[-1])[-80:].lstrip(".") or "corpus"
         dest = data_root() / "corpora" / sha / name   # keyed by what proves the content: the whole checksum
         if dest.is_file():   # downloaded before: used only if it still has that checksum
             if file_digest(dest, "sha256") != sha:

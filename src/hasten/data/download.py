@@ -35,10 +35,13 @@ def data_root() -> Path:
 
 def download(url: str, dest: "str | os.PathLike", checksum: str | None = None, algorithm: str = "md5",
              what: str = "the file") -> Path:
-    """Fetch `url` to `dest` (atomically), verifying `checksum` with `algorithm`."""
+    """Fetch `url` to `dest` (atomically), verifying `checksum` with `algorithm`. A download that
+    fails leaves nothing: neither its temporary file nor the folders it made for `dest`."""
     dest = Path(dest)
+    made = [p for p in [dest.parent, *dest.parent.parents] if not p.exists()]
     dest.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.", suffix=".part")
+    done = False
     try:
         try:
             with urllib.request.urlopen(url, timeout=60) as r, os.fdopen(fd, "wb") as f:
@@ -54,7 +57,14 @@ def download(url: str, dest: "str | os.PathLike", checksum: str | None = None, a
                 raise ChecksumError(f"{what} downloaded from {url} has {algorithm} {got}, expected {checksum}: "
                                     "the download is corrupt or the file changed. It was deleted; try again.")
         os.replace(tmp, dest)
+        done = True
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
+        if not done:
+            for folder in made:   # innermost first; only the folders this call made, and only when empty
+                try:
+                    folder.rmdir()
+                except OSError:
+                    break
     return dest

@@ -29,7 +29,7 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from ..errors import ConfigError
+from ..errors import CheckpointError, ConfigError, first_line
 from ..loss import logits_of  # noqa: F401  (re-exported: where model outputs are read)
 
 
@@ -153,19 +153,44 @@ def is_pretrained_folder(path) -> bool:
         any(p.glob("*.safetensors")) or any(p.glob("pytorch_model*.bin")))
 
 
-def load_pretrained_weights(adapter: nn.Module, folder) -> tuple[list[str], list[str]]:
+def load_pretrained_weights(adapter: nn.Module, folder, check=None) -> tuple[list[str], list[str], list[str]]:
     """Read a local `save_pretrained` folder's weights (safetensors; .bin only through
-    weights-only loading) into the adapter's model, by name; returns (missing, unexpected)."""
+    weights-only loading) into the adapter's model, the tensors that fit by name and shape;
+    returns (loaded, missing, unexpected). `check(names)` sees the names that fit before anything
+    is copied, and may refuse. A damaged or refused file is a CheckpointError naming it."""
     from pathlib import Path
     folder = Path(folder)
     state = {}
     files = sorted(folder.glob("*.safetensors"))
-    if files:
+    for f in files or sorted(folder.glob("pytorch_model*.bin")):
+        state.update(_read_weights_file(f))
+    mine = adapter.model.state_dict()
+    fits = {k: v for k, v in state.items() if k in mine and v.shape == mine[k].shape}
+    if check is not None:
+        check(sorted(fits))
+    adapter.model.load_state_dict(fits, strict=False)
+    return sorted(fits), [k for k in mine if k not in fits], [k for k in state if k not in fits]
+
+
+def _read_weights_file(f) -> dict:
+    """The tensors of one weights file of a save_pretrained folder, or hasten's one line: a
+    damaged safetensors file, or a .bin that weights-only loading refuses (hasten never loads
+    one otherwise: a pickle can run code)."""
+    if f.suffix == ".safetensors":
         from safetensors.torch import load_file   # ships with transformers
-        for f in files:
-            state.update(load_file(str(f)))
-    else:
-        for f in sorted(folder.glob("pytorch_model*.bin")):
-            state.update(torch.load(f, map_location="cpu", weights_only=True))
-    result = adapter.model.load_state_dict(state, strict=False)
-    return list(result.missing_keys), list(result.unexpected_keys)
+        try:
+            return load_file(str(f))
+        except Exception as e:   # SafetensorError (a damaged header), OSError, or a bad dtype
+            raise CheckpointError(f"{f} is not a safetensors file that can be read ({first_line(e)[:120]}): it is "
+                                  "damaged or incomplete; save or download the model again") from None
+    try:
+        loaded = torch.load(f, map_location="cpu", weights_only=True)
+    except Exception as e:   # an unpickler refusal, a truncated zip
+        what = "holds objects other than tensors" if "weights_only" in str(e) or "Unpickl" in type(e).__name__ \
+            else f"cannot be read ({first_line(e)[:100]})"
+        raise CheckpointError(f"{f} {what}; hasten reads .bin weights only as tensors and never runs code from a "
+                              "file: save the model as safetensors (save_pretrained(..., safe_serialization=True)) "
+                              "from a copy you trust") from None
+    if not isinstance(loaded, dict) or not all(isinstance(v, torch.Tensor) for v in loaded.values()):
+        raise CheckpointError(f"{f} holds no mapping of names to tensors; it is not a model's weights")
+    return loaded
