@@ -25,7 +25,7 @@ import time
 import zipfile
 from pathlib import Path
 
-from benchmarks.tools.common import write_results  # noqa: E402
+from benchmarks.tools.common import REPO, git_commit, tree_dirty, write_results  # noqa: E402
 
 TINY = """\
 base: shakespeare-char-baseline
@@ -80,6 +80,24 @@ def wait_for_step(run: Path, step: int, proc, timeout=120) -> None:
             raise RuntimeError(f"the run ended early: {proc.communicate()}")
         time.sleep(0.05)
     raise RuntimeError("the run did not reach the step in time")
+
+
+def wait_for_mapping(proc, library: str, timeout=60) -> bool:
+    """Wait until `proc` has `library` mapped (it is importing it); False if it ended or the time ran out first."""
+    deadline = time.time() + timeout
+    while time.time() < deadline and proc.poll() is None:
+        try:
+            if library in Path(f"/proc/{proc.pid}/maps").read_text():
+                return True
+        except OSError:
+            return False
+        time.sleep(0.002)
+    return False
+
+
+NOT_RUN = None
+"""A probe returns (NOT_RUN, why) when its situation cannot be made here (e.g. another user's files
+need root): counted apart, never as passed."""
 
 
 # ---------------------------------------------------------------------------- checkpoints and data
@@ -422,13 +440,14 @@ def p_bench_ctrl_c(d: Path):
     deadline = time.time() + 60
     while time.time() < deadline and not list((d / "b" / "c" / "logs").glob("*.jsonl")):
         time.sleep(0.1)
+    started = bool(list((d / "b" / "c" / "logs").glob("*.jsonl"))) and proc.poll() is None
     time.sleep(2)
     os.killpg(proc.pid, signal.SIGINT)   # the terminal's foreground group: bench alone (its worker has its own session)
     out, err = proc.communicate(timeout=90)
     orphans = subprocess.run(["pgrep", "-f", f"hasten.bench.worker {tmp}"], capture_output=True, text=True).stdout.split()
     temps = list(tmp.glob("hasten-bench-*"))
-    ok = proc.returncode == 130 and not orphans and not temps and "Continue with the same command" in err
-    return ok, f"exit {proc.returncode}; orphans {orphans}; temporaries {len(temps)}"
+    ok = started and proc.returncode == 130 and not orphans and not temps and "Continue with the same command" in err
+    return ok, f"worker started: {started}; exit {proc.returncode}; orphans {orphans}; temporaries {len(temps)}"
 
 
 @probe("SIGTERM to a bench worker", "recorded interrupted, not counted, rerun when continued")
@@ -623,23 +642,32 @@ def p2_closed_stdout(d: Path):
     return ok, f"exit {code}; {err.strip()[:120]}"
 
 
-@probe("2.14 Ctrl-C while hasten imports; SIGTERM while a run is set up", "one line, no traceback; no half-made run folder")
+@probe("2.14 Ctrl-C while hasten imports; SIGTERM while a run is set up",
+       "exit 130 and 143, one line each, no traceback; no half-made run folder")
 def p2_early_signals(d: Path):
-    # the `hasten` command as installed (hasten_entry, which turns a Ctrl-C during the imports into one line)
-    proc = subprocess.Popen([sys.executable, "-m", "hasten_entry", "recipes"], cwd=d, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    time.sleep(0.3)
+    # the `hasten` command as installed (hasten_entry, which turns a Ctrl-C during the imports into one line); the
+    # signal is sent once torch's library is mapped into the process: observably inside the imports
+    proc = subprocess.Popen([sys.executable, "-m", "hasten_entry", "recipes"], cwd=d, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    importing = wait_for_mapping(proc, "libtorch")
     proc.send_signal(signal.SIGINT)
     _, err1 = proc.communicate(timeout=60)
+    code1 = proc.returncode
     (d / "big.txt").write_text("To be, or not to be, that is the question.\n" * 500000)
     proc = subprocess.Popen([sys.executable, "-m", "hasten.cli", "train", *TRAIN, "data.source=big.txt",
                              "trainer.run_dir=S/run"], cwd=d, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 60
     while not (d / "S" / "run" / ".hasten.lock").exists() and time.time() < deadline and proc.poll() is None:
         time.sleep(0.01)
+    locked = (d / "S" / "run" / ".hasten.lock").exists() and proc.poll() is None   # set up, not yet training
     proc.send_signal(signal.SIGTERM)
     _, err2 = proc.communicate(timeout=120)
-    ok = "Traceback" not in err1 + err2 and len(err1.strip().splitlines()) <= 1 and not (d / "S").exists()
-    return ok, f"Ctrl-C: {err1.strip()[:60]!r}; SIGTERM exit {proc.returncode}, folder left: {(d / 'S').exists()}"
+    lines1, lines2 = err1.strip().splitlines(), err2.strip().splitlines()
+    ok = (importing and code1 == 130 and lines1 == ["hasten: interrupted"] and locked and proc.returncode == 143
+          and len(lines2) == 1 and "SIGTERM" in lines2[0] and "Traceback" not in err1 + err2 and not (d / "S").exists())
+    return ok, (f"Ctrl-C {'inside' if importing else 'NOT inside'} the imports: exit {code1} {err1.strip()[:40]!r}; "
+                f"SIGTERM {'during set-up' if locked else 'NOT during set-up'}: exit {proc.returncode} "
+                f"{err2.strip()[:50]!r}; folder left: {(d / 'S').exists()}")
 
 
 for _value, _needle in (("trainer.eval_interval=0ba", "interval"), ("data.token_dtype=float7", "token_dtype"),
@@ -681,8 +709,8 @@ def p2_checkpoint_messages(d: Path):
     return ok, f"{g1[:80]}; {g2[:80]}"
 
 
-@probe("2.17 --resume after every checkpoint was deleted; SIGKILL during compress, then compress again",
-       "each step logged once; the killed compress's temporary removed")
+@probe("2.17 --resume after every checkpoint was deleted; SIGKILL during compress's artifact write, then compress again",
+       "each step logged once; the killed compress's torn temporary removed by the next compress")
 def p2_resume_and_temporaries(d: Path):
     run = _trained(d)
     for p in (run / "checkpoints").glob("ep*.pt"):
@@ -690,22 +718,26 @@ def p2_resume_and_temporaries(d: Path):
     r = hasten("train", "--resume", "R", "--no-progress", cwd=d)
     rows = [json.loads(ln) for ln in (run / "metrics.jsonl").read_text().splitlines()]
     keys = [(row["step"], k) for row in rows for k in row if k != "step"]
-    proc = popen("compress", "R", "--prune", "0.5", "--no-latency", cwd=d)
-    deadline = time.time() + 120
-    while time.time() < deadline and not list((run / "compressed").glob(".*.tmp")) if (run / "compressed").exists() else True:
-        if proc.poll() is not None:
-            break
-        time.sleep(0.005)
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:   # it finished before a temporary appeared: nothing torn to clean
-        pass
-    proc.wait()
-    torn = [p.name for p in (run / "compressed").glob(".*.tmp")] if (run / "compressed").exists() else []
+    # the artifact's write stops half-way and the process is killed (as a kill at that moment would leave it)
+    killed = python("""
+        import io, os, signal, sys, torch
+        real = torch.save
+        def half(obj, f, *a, **k):
+            if isinstance(f, io.BytesIO):
+                return real(obj, f, *a, **k)
+            f.write(b"half an artifact"); f.flush(); os.kill(os.getpid(), signal.SIGKILL)
+        torch.save = half
+        from hasten.cli import main
+        sys.exit(main(["compress", "R", "--prune", "0.5", "--no-latency"]))
+    """, d)
+    torn = sorted(p.name for p in (run / "compressed").glob(".*.tmp")) if (run / "compressed").exists() else []
     again = hasten("compress", "R", "--prune", "0.5", "--no-latency", cwd=d)
     left = [p.name for p in (run / "compressed").glob(".*.tmp")]
-    ok = r.returncode == 0 and len(keys) == len(set(keys)) and again.returncode == 0 and not left
-    return ok, f"steps once: {len(keys) == len(set(keys))}; torn temporaries {torn}; left after {left}"
+    artifacts = [p.name for p in (run / "compressed").glob("*.pt")]
+    ok = (r.returncode == 0 and keys and len(keys) == len(set(keys)) and killed.returncode == -signal.SIGKILL
+          and torn and again.returncode == 0 and not left and artifacts)
+    return ok, (f"steps once: {bool(keys) and len(keys) == len(set(keys))}; killed {killed.returncode == -signal.SIGKILL}, "
+                f"torn temporaries {torn}; after the next compress: left {left}, artifacts {artifacts}")
 
 
 @probe("2.18 EMA whose average is worse than the trained weights (a short BN run)",
@@ -797,7 +829,7 @@ def p3_dcp(d: Path):
        "each refused in one line naming --trust-code; nothing imported")
 def p3_trust(d: Path):
     if os.geteuid() != 0:
-        return True, "skipped: making a file of another user needs root"
+        return NOT_RUN, "not run: making a file of another user needs root"
     theirs = d / "theirs"
     theirs.mkdir()
     (theirs / "recipe.yaml").write_text(TINY.replace("model: {", "model: {name: 'os:system', "))
@@ -1278,11 +1310,133 @@ def p4_tokenizer_path(d: Path):
     return ok and "not a file name inside the source" in r.stderr, got
 
 
+def _serve(folder: Path):
+    import functools
+    import http.server
+    import threading
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(folder))
+    handler.log_message = lambda *a, **k: None
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
+@probe("4.4 a signed object-store URL (`.../docs.jsonl?X-Amz-Signature=...#sha256=...`, a server on the loopback address)",
+       "read as JSON lines (its type from the URL's path); the run trains")
+def p4_query_url(d: Path):
+    import hashlib
+    (d / "site").mkdir()
+    _corpus(d / "site" / "docs.jsonl", docs=30)
+    sha = hashlib.sha256((d / "site" / "docs.jsonl").read_bytes()).hexdigest()
+    server = _serve(d / "site")
+    try:
+        url = f"http://127.0.0.1:{server.server_port}/docs.jsonl?X-Amz-Signature=abc&X-Amz-Expires=60#sha256={sha}"
+        r = hasten("train", *BPE_TRAIN[:2], f"data.source={url}", *BPE_TRAIN[3:], "trainer.run_dir=R", cwd=d,
+                   env={"HASTEN_DATA": str(d / "data")})
+    finally:
+        server.shutdown()
+    cached = [p.name for p in (d / "data" / "corpora").rglob("*") if p.is_file()] if (d / "data" / "corpora").exists() else []
+    ok = r.returncode == 0 and cached == ["docs.jsonl"] and "final val/loss" in r.stdout
+    return ok, f"exit {r.returncode}; cached as {cached}; {r.stderr.strip()[-100:]}"
+
+
+@probe("4.5 a file:// corpus URL whose #sha256 is wrong", "one line; nothing left in the data folder")
+def p4_wrong_sha_url(d: Path):
+    _corpus(d / "c.jsonl")
+    r = hasten("train", *BPE_TRAIN[:2], f"data.source=file://{d / 'c.jsonl'}#sha256={'0' * 64}", *BPE_TRAIN[3:],
+               "trainer.run_dir=R", cwd=d, env={"HASTEN_DATA": str(d / "data")})
+    ok, got = one_error(r)
+    left = [str(p.relative_to(d)) for p in (d / "data").rglob("*")] if (d / "data").exists() else []
+    return ok and "sha256" in r.stderr and not left, f"{got}; left {left}"
+
+
+HF_GPT = ["prose-gpt-baseline", "data.source=c.jsonl", "data.vocab_size=300", "data.block_size=16",
+          "model={name: hf/gpt2, n_layer: 1, n_embd: 32, n_head: 2, n_positions: 32}", "data.batch_size=8",
+          "trainer.max_duration=1ba", "trainer.eval_interval=1ba", "schedule.warmup=1ba", "trainer.precision=fp32",
+          "trainer.threads=1", "--no-progress"]
+
+
+@probe("4.6 trainer.load_path naming a BERT's safetensors for an hf/gpt2 model",
+       "refused in one line saying how many tensors fit (0)")
+def p4_other_architecture(d: Path):
+    _corpus(d / "c.jsonl")
+    r0 = python("""
+        import transformers
+        transformers.BertModel(transformers.BertConfig(vocab_size=300, hidden_size=32, num_hidden_layers=1,
+                               num_attention_heads=2, intermediate_size=64)).save_pretrained("bert")
+    """, d)
+    assert r0.returncode == 0, r0.stderr[-300:]
+    r = hasten("train", *HF_GPT, "trainer.load_path=bert", "trainer.run_dir=R", cwd=d)
+    ok, got = one_error(r)
+    return ok and "0 of this model's" in r.stderr, got
+
+
+@probe("4.7 a truncated safetensors file; a pytorch_model.bin torch's weights-only loading refuses; an artifact whose "
+       "metadata nests 100k '['", "hasten's one line each, never the other library's advice nor 'RecursionError'")
+def p4_hostile_files(d: Path):
+    _corpus(d / "c.jsonl")
+    r0 = python("""
+        import pathlib, shutil, torch, transformers
+        m = transformers.GPT2LMHeadModel(transformers.GPT2Config(vocab_size=300, n_layer=1, n_embd=32, n_head=2,
+                                         n_positions=32))
+        m.save_pretrained("trunc")
+        st = next(pathlib.Path("trunc").glob("*.safetensors"))
+        st.write_bytes(st.read_bytes()[:7])
+        pathlib.Path("pickled").mkdir()
+        shutil.copy("trunc/config.json", "pickled/config.json")
+        torch.save({"w": pathlib.Path("x")}, "pickled/pytorch_model.bin")
+        from hasten.compress.artifact import FORMAT
+        torch.save({"format": FORMAT, "meta": "[" * 100000 + "]" * 100000, "weights": {}}, "nested.pt")
+    """, d)
+    assert r0.returncode == 0, r0.stderr[-300:]
+    r1 = hasten("train", *HF_GPT, "trainer.load_path=trunc", "trainer.run_dir=R1", cwd=d)
+    r2 = hasten("train", *HF_GPT, "trainer.load_path=pickled", "trainer.run_dir=R2", cwd=d)
+    r3 = hasten("eval", "nested.pt", cwd=d)
+    (ok1, g1), (ok2, g2), (ok3, g3) = one_error(r1), one_error(r2), one_error(r3)
+    ok = (ok1 and ok2 and ok3 and "SafetensorError" not in r1.stderr and "weights_only" not in r2.stderr
+          and "RecursionError" not in r3.stderr and "nested deeper" in r3.stderr)
+    return ok, f"{g1[:70]}; {g2[:70]}; {g3[:70]}"
+
+
+@probe("4.8 `hasten compress` of a run still training (a checkpoint every 2 batches, keep_last=1), 4 tries",
+       "each try compresses the checkpoint it read, or says in one line the run is still writing")
+def p4_compress_live(d: Path):
+    proc = popen("train", "tiny.yaml", "trainer.max_duration=100000ba", "trainer.save_interval=2ba",
+                 "trainer.keep_last=1", "trainer.eval_interval=100000ba", "trainer.run_dir=L", "--no-progress", cwd=d)
+    got, good = [], 0
+    try:
+        wait_for_step(d / "L", 4, proc)
+        for i in range(4):
+            r = hasten("compress", "L", "--prune", "0.3", "--no-latency", "--name", f"try{i}", cwd=d)
+            if r.returncode == 0:
+                good += 1
+                got.append("compressed")
+            else:
+                ok, g = one_error(r)
+                good += ok and "still writing" in r.stderr
+                got.append(g[:80])
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.communicate(timeout=120)
+    return good == 4, "; ".join(got)
+
+
+@probe("4.9 trainer.memory_limit=64 (nothing fits), with and without microbatch=auto",
+       "one line each saying what the limit allows and what was needed")
+def p4_memory_limit(d: Path):
+    r1 = hasten("train", "tiny.yaml", "trainer.memory_limit=64", "trainer.run_dir=M1", cwd=d)
+    r2 = hasten("train", "tiny.yaml", "trainer.memory_limit=64", "trainer.microbatch=auto", "trainer.run_dir=M2", cwd=d)
+    (ok1, g1), (ok2, g2) = one_error(r1), one_error(r2)
+    ok = ok1 and ok2 and all("allows 64 bytes" in r.stderr and "report it" not in r.stderr for r in (r1, r2))
+    return ok, f"{g1[:90]}; {g2[:90]}"
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--only", help="run the probes whose name contains this")
     ap.add_argument("--name", default="fault_injection")
     args = ap.parse_args()
+    commit, dirty = git_commit(), tree_dirty(REPO)
     rows = []
     for name, expected, fn in PROBES:
         if args.only and args.only not in name:
@@ -1297,17 +1451,23 @@ def main() -> int:
                 ok, got = False, f"probe error: {type(e).__name__}: {e}"[:200]
             for where in {str(d.resolve()), str(d)}:   # the results name no folder of the machine that ran them
                 got = got.replace(where, "<probe>")
-            rows.append({"probe": name, "expected": expected, "got": got, "ok": bool(ok),
-                         "seconds": round(time.perf_counter() - t0, 1)})
-        print(f"{'ok  ' if ok else 'FAIL'} {name}: {got}", flush=True)
-    passed = sum(r["ok"] for r in rows)
-    md = [f"# Fault injection: {passed}/{len(rows)} probes as promised", "",
+            status = "not run" if ok is NOT_RUN else "ok" if ok else "FAIL"
+            rows.append({"probe": name, "expected": expected, "got": got, "ok": ok is not NOT_RUN and bool(ok),
+                         "status": status, "seconds": round(time.perf_counter() - t0, 1)})
+        print(f"{status:<7} {name}: {got}", flush=True)
+    passed = sum(r["status"] == "ok" for r in rows)
+    not_run = sum(r["status"] == "not run" for r in rows)
+    ran = len(rows) - not_run
+    code = f"commit {commit}" + (" with uncommitted changes: not a record of that commit" if dirty else "")
+    md = [f"# Fault injection: {passed}/{ran} probes as promised" + (f", {not_run} not run" if not_run else ""), "",
+          f"Run at {code}. A probe passes only when what it provokes was observed to happen and hasten then did as "
+          "promised; one whose situation could not be made here is 'not run', counted apart.", "",
           "| probe | expected | got | ok |", "|---|---|---|---|"]
-    md += [f"| {r['probe']} | {r['expected']} | {r['got'].replace('|', '/')} | {'yes' if r['ok'] else '**no**'} |"
-           for r in rows]
-    write_results(args.name, {"probes": rows, "passed": passed, "total": len(rows)}, "\n".join(md))
-    print(f"{passed}/{len(rows)} probes as promised")
-    return 0 if passed == len(rows) else 1
+    md += [f"| {r['probe']} | {r['expected']} | {r['got'].replace('|', '/')} | "
+           f"{ {'ok': 'yes', 'FAIL': '**no**', 'not run': 'not run'}[r['status']] } |" for r in rows]
+    write_results(args.name, {"probes": rows, "passed": passed, "not_run": not_run, "total": len(rows)}, "\n".join(md))
+    print(f"{passed}/{ran} probes as promised" + (f", {not_run} not run" if not_run else ""))
+    return 0 if passed == ran else 1
 
 
 if __name__ == "__main__":
