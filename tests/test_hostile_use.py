@@ -360,6 +360,8 @@ def test_a_url_with_a_query_string_keeps_its_file_type_from_the_path(tmp_path, m
         path = corpus_mod.resolve_source(url)
         assert path.name == "docs.jsonl"
         assert len(read_documents(url)) == 5   # read as JSON lines: five documents, not one of plain text
+        from hasten.data.streaming import is_stream
+        assert not is_stream(url)              # a file with its checksum, not a prepared source at that URL
     finally:
         server.shutdown()
 

@@ -86,8 +86,9 @@ def is_remote(url: str) -> bool:
 
 def is_stream(source) -> bool:
     """Whether `source` names a prepared source: a URL of an object store, or a local folder
-    holding a manifest."""
-    if not isinstance(source, str) or not source:
+    holding a manifest. A URL with its file's checksum (`...#sha256=HEX`) names one file to
+    download (a corpus), never a prepared source."""
+    if not isinstance(source, str) or not source or "#sha256=" in source:
         return False
     return is_remote(source) or (Path(source).expanduser() / MANIFEST).is_file()
 
